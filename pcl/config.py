@@ -1,0 +1,294 @@
+"""The run configuration: one pydantic model tree, loaded from YAML, overridable with dotted keys.
+
+    cfg = load_config("configs/tiny.yaml", overrides=["selection.tau=0.4", "run.steps=20"])
+
+Every section rejects unknown keys (`extra="forbid"`), every number carries its allowed range, and the
+selection strategy is a discriminated union on `type`. Errors come out as `ConfigError` with one line per
+problem naming the dotted key, the file it came from and the allowed values, before any actor starts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names each bad key and where it came from."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    name: str = Field("pcl", min_length=1, description="Run name; prefixes Redis keys and metrics.")
+    seed: int = Field(0, ge=0, description="Seed for sampling, initialisation and generation.")
+    steps: int = Field(100, ge=1, description="Number of training steps.")
+    m: int = Field(512, ge=1, description="Prompts per step (the paper's m).")
+    n: int = Field(16, ge=1, description="Generations per prompt (the paper's n).")
+    eval_every: int = Field(10, ge=0, description="Held-out evaluation every N steps (and at step 0); 0 disables.")
+    run_dir: str | None = Field(None, description="Where metrics and checkpoints go; --run-dir overrides.")
+    time_budget_s: float | None = Field(None, gt=0, description="Stop after this many wall-clock seconds.")
+
+
+class DataConfig(Section):
+    source: str = Field("tiny", description="'tiny', a local .jsonl/.json/.parquet path, or a Hugging Face dataset name.")
+    split: str = Field("train", description="Split, for Hugging Face datasets.")
+    prompt_field: str = Field("problem", description="Field holding the question.")
+    answer_field: str = Field("answer", description="Field holding the gold answer (str, number or list).")
+    id_field: str | None = Field(None, description="Field holding a stable row id; the row index when unset.")
+    template: Literal["qwen_base", "chat", "plain", "tiny"] = Field(
+        "qwen_base", description="Prompt template: the paper's Qwen base suffix, the tokenizer's chat template, as is, or the tiny task's."
+    )
+    max_prompt_tokens: int = Field(1024, ge=1, description="Longer prompts are skipped and counted, never cut.")
+    eval_source: str | None = Field(None, description="Held-out set (same forms as `source`); 'tiny' uses the tiny task's.")
+    eval_size: int = Field(256, ge=1, description="Held-out prompts evaluated at each evaluation.")
+    tiny_size: int = Field(4096, ge=16, description="Training prompts generated for the tiny task.")
+
+
+class ModelConfig(Section):
+    path: str = Field("tiny", description="Policy: a local Hugging Face directory, a hub name, or 'tiny' (the built tiny model).")
+    tokenizer: str | None = Field(None, description="Tokenizer path; the model's when unset.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the policy lives.")
+
+
+class OptimizerConfig(Section):
+    lr: float = Field(8e-6, gt=0, le=1, description="Policy learning rate.")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay.")
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.999, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float | None = Field(1.0, gt=0, description="Global gradient-norm clip; null disables.")
+
+
+class ValueModelConfig(Section):
+    path: str | None = Field(None, description="Backbone; the policy's path when unset (same size as the policy).")
+    lr: float = Field(1e-6, gt=0, le=1, description="Value-model learning rate (the paper: 1e-6).")
+    batch_size: int = Field(64, ge=1, description="Prompts per forward pass when scoring candidates.")
+    grad_clip: float | None = Field(1.0, gt=0)
+    ev_sample: int = Field(32, ge=0, description="Unfiltered candidates rolled out each step to measure V's explained variance.")
+
+
+class UniformSelection(Section):
+    """Plain GRPO: m prompts uniformly at random."""
+
+    type: Literal["uniform"] = "uniform"
+
+
+class PCLSelection(Section):
+    """The value model picks the m of k*m candidates closest to tau."""
+
+    type: Literal["pcl"] = "pcl"
+    tau: float = Field(0.5, ge=0, le=1, description="Target pass rate.")
+    k: int = Field(4, ge=1, description="Candidate pool factor: k*m candidates are scored.")
+    pipelined: bool = Field(False, description="Score step t+1's candidates while step t generates.")
+
+
+class PrefilterSelection(Section):
+    """Keep prompts whose reference-policy pass rate is strictly between p_low and p_high."""
+
+    type: Literal["prefilter"] = "prefilter"
+    n_pre: int = Field(8, ge=1, description="Reference rollouts per prompt.")
+    p_low: float = Field(0.0, ge=0, le=1)
+    p_high: float = Field(1.0, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "PrefilterSelection":
+        if self.p_low >= self.p_high:
+            raise ValueError(f"p_low ({self.p_low}) must be below p_high ({self.p_high})")
+        return self
+
+
+class DynamicSamplingSelection(Section):
+    """DAPO: generate for k*m prompts, keep those with 0 < p < 1, repeat until m (bounded)."""
+
+    type: Literal["dynamic_sampling"] = "dynamic_sampling"
+    k: int = Field(1, ge=1, description="Prompts generated per round, as a multiple of m.")
+    max_rounds: int = Field(3, ge=1, description="Generation rounds before the batch is filled with the best available.")
+
+
+class SpeedSelection(Section):
+    """SPEED: n_init screening rollouts for k*m prompts, n - n_init more for the accepted ones."""
+
+    type: Literal["speed"] = "speed"
+    k: int = Field(4, ge=1)
+    n_init: int = Field(4, ge=1, description="Screening rollouts per candidate.")
+    max_rounds: int = Field(4, ge=1)
+
+
+class GresoSelection(Section):
+    """GRESO: skip prompts that were all-correct / all-wrong, with adaptive probabilities."""
+
+    type: Literal["greso"] = "greso"
+    p_easy: float = Field(0.5, ge=0, le=1, description="Initial probability of skipping an all-correct prompt.")
+    p_hard: float = Field(0.5, ge=0, le=1, description="Initial probability of skipping an all-wrong prompt.")
+    delta_p: float = Field(0.01, gt=0, le=1, description="Adaptation step of p_easy / p_hard.")
+    target_zero_variance: float = Field(0.25, ge=0, le=1, description="Target share of zero-variance prompts.")
+    max_rounds: int = Field(4, ge=1)
+
+
+Selection = Annotated[
+    Union[UniformSelection, PCLSelection, PrefilterSelection, DynamicSamplingSelection, SpeedSelection, GresoSelection],
+    Field(discriminator="type"),
+]
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf", "vllm"] = Field("hf", description="Generation engine.")
+    num_workers: int = Field(1, ge=1, description="Rollout workers (actors).")
+    temperature: float = Field(1.0, ge=0, le=5)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1, description="-1 disables top-k.")
+    max_new_tokens: int = Field(4096, ge=1, description="Longer responses are truncated and rewarded 0.")
+    max_in_flight: int = Field(8, ge=1, description="Requests a worker holds at once (backpressure).")
+    gpu_memory_utilization: float = Field(0.6, gt=0, le=1, description="vLLM only.")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM only.")
+    num_gpus_per_worker: float = Field(0.0, ge=0)
+
+
+class VerifierConfig(Section):
+    num_workers: int = Field(1, ge=1, description="Verifier workers (actors).")
+    processes: int = Field(2, ge=1, description="Spawned math-verify processes per worker.")
+    timeout_s: float = Field(5.0, gt=0, le=600, description="Hard per-sample timeout; a timeout is reward 0.")
+
+
+class LearnerConfig(Section):
+    num_ranks: int = Field(1, ge=1, description="Learner ranks (one torch.distributed process group, FSDP2).")
+    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward; gradients accumulate.")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="auto: NCCL with GPUs, gloo without.")
+    num_gpus_per_rank: float = Field(0.0, ge=0)
+
+
+class RedisConfig(Section):
+    url: str | None = Field(None, description="redis:// or rediss:// URL; REDIS_URL when unset; embedded server when neither.")
+    visibility_timeout_s: float = Field(30.0, gt=0, description="Entries pending this long on a dead consumer are reclaimed.")
+    max_deliveries: int = Field(3, ge=1, description="A record that fails this often goes to the dead-letter stream.")
+    block_ms: int = Field(200, ge=1, description="Blocking read timeout.")
+    appendonly: bool = Field(True, description="AOF persistence for the embedded server.")
+
+
+class ControlConfig(Section):
+    enabled: bool = Field(True, description="Serve the control plane with the run.")
+    host: str = Field("127.0.0.1")
+    port: int = Field(8600, ge=0, le=65535, description="0 picks a free port.")
+    token: str | None = Field(None, description="Bearer token; PCL_API_TOKEN when unset; generated when neither.")
+
+
+class CheckpointConfig(Section):
+    every: int = Field(0, ge=0, description="Checkpoint every N steps; 0 only on request and at the end.")
+    keep: int = Field(2, ge=1, description="Complete checkpoints kept.")
+
+
+class Config(Section):
+    run: RunConfig = RunConfig()
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    value: ValueModelConfig = ValueModelConfig()
+    selection: Selection = PCLSelection()
+    rollout: RolloutConfig = RolloutConfig()
+    verifier: VerifierConfig = VerifierConfig()
+    learner: LearnerConfig = LearnerConfig()
+    redis: RedisConfig = RedisConfig()
+    control: ControlConfig = ControlConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loading
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """`a.b.c=value` -> (["a", "b", "c"], value), the value parsed as YAML (numbers, bools, null, lists)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key=value (for example selection.tau=0.4)")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {text!r}: empty key segment")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def _set_dotted(tree: dict, parts: list[str], value: Any) -> None:
+    node = tree
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def _describe(err: dict, source: str) -> str:
+    loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in _STRATEGY_TAGS))
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return f"{source}: unknown key '{loc}'"
+    if kind == "union_tag_invalid":
+        return f"{source}: '{loc}.type' is {ctx.get('tag')!r}; allowed: {ctx.get('expected_tags')}"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        bounds = {"greater_than": "> {gt}", "greater_than_equal": ">= {ge}", "less_than": "< {lt}", "less_than_equal": "<= {le}"}
+        return f"{source}: '{loc}' = {err.get('input')!r} is out of range; it must be {bounds[kind].format(**ctx)}"
+    if kind == "literal_error":
+        return f"{source}: '{loc}' = {err.get('input')!r}; allowed: {ctx.get('expected')}"
+    return f"{source}: '{loc}': {err['msg']} (got {err.get('input')!r})"
+
+
+_STRATEGY_TAGS = {"uniform", "pcl", "prefilter", "dynamic_sampling", "speed", "greso"}
+
+
+def validate_tree(tree: dict, source: str = "<config>") -> Config:
+    """Validate a plain dict into a Config, raising ConfigError with one line per problem."""
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as exc:
+        lines = [_describe(e, source) for e in exc.errors()]
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+
+
+def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config (or the defaults when path is None) and apply dotted `key=value` overrides."""
+    tree: dict = {}
+    source = "<defaults>"
+    if path is not None:
+        source = str(path)
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {source!r} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+        tree = loaded or {}
+    cfg = validate_tree(tree, source)
+    if overrides:
+        # Overrides apply to the validated tree so a strategy's defaults survive a partial override, but a
+        # new `selection.type` starts that strategy from its own defaults.
+        merged = cfg.model_dump()
+        parsed = [parse_override(item) for item in overrides]
+        for parts, value in parsed:
+            if parts == ["selection", "type"]:
+                merged["selection"] = {"type": value}
+        for parts, value in parsed:
+            if parts != ["selection", "type"]:
+                _set_dotted(merged, parts, value)
+        cfg = validate_tree(merged, f"{source} + command line")
+    return cfg
+
+
+def dump_config(cfg: Config) -> str:
+    """The config as YAML, as a run directory records it."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
