@@ -1,0 +1,86 @@
+"""The config tree: YAML loading, dotted overrides, and errors that name the key, the file and the range."""
+
+from pathlib import Path
+
+import pytest
+
+from pcl.config import Config, ConfigError, PCLSelection, load_config, parse_override
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "run.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_every_shipped_config_validates():
+    configs = sorted((REPO / "configs").rglob("*.yaml"))
+    assert configs, "no configs shipped"
+    for path in configs:
+        if "experiments" in path.parts:
+            continue  # experiment grids have their own schema
+        assert isinstance(load_config(path), Config), path
+
+
+def test_overrides_apply_and_parse_types(tmp_path):
+    cfg = load_config(write(tmp_path, "selection: {type: pcl, tau: 0.5, k: 4}\n"),
+                      ["selection.tau=0.4", "run.steps=7", "redis.url=null", "optimizer.grad_clip=null"])
+    assert isinstance(cfg.selection, PCLSelection)
+    assert cfg.selection.tau == 0.4 and cfg.selection.k == 4
+    assert cfg.run.steps == 7 and cfg.redis.url is None and cfg.optimizer.grad_clip is None
+
+
+def test_switching_strategy_on_the_command_line_starts_from_its_defaults(tmp_path):
+    cfg = load_config(write(tmp_path, "selection: {type: pcl, tau: 0.3}\n"),
+                      ["selection.type=greso", "selection.p_easy=0.2"])
+    assert cfg.selection.type == "greso" and cfg.selection.p_easy == 0.2 and cfg.selection.p_hard == 0.5
+
+
+def test_unknown_key_names_the_key_and_the_file(tmp_path):
+    path = write(tmp_path, "rollout:\n  temprature: 1.0\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    assert "rollout.temprature" in str(exc.value) and str(path) in str(exc.value)
+
+
+def test_unknown_key_inside_a_strategy(tmp_path):
+    with pytest.raises(ConfigError, match=r"selection\.bogus"):
+        load_config(write(tmp_path, "selection: {type: uniform, bogus: 1}\n"))
+
+
+def test_out_of_range_value_names_field_and_range(tmp_path):
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, "selection: {type: pcl, tau: 1.5}\n"))
+    assert "selection.tau" in str(exc.value) and "<= 1" in str(exc.value)
+    with pytest.raises(ConfigError, match=r"run\.m.*>= 1"):
+        load_config(write(tmp_path, "{}\n"), ["run.m=0"])
+
+
+def test_unknown_strategy_lists_the_allowed_ones(tmp_path):
+    with pytest.raises(ConfigError, match="dynamic_sampling"):
+        load_config(write(tmp_path, "selection: {type: oracle}\n"))
+
+
+def test_prefilter_bounds_must_be_ordered(tmp_path):
+    with pytest.raises(ConfigError, match="p_low"):
+        load_config(write(tmp_path, "selection: {type: prefilter, p_low: 0.8, p_high: 0.2}\n"))
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "run: [unclosed\n"))
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(write(tmp_path, "- a\n- b\n"))
+
+
+def test_override_syntax():
+    assert parse_override("a.b=1") == (["a", "b"], 1)
+    assert parse_override("a=x y") == (["a"], "x y")
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_override("selection.tau")
+    with pytest.raises(ConfigError, match="empty key"):
+        parse_override("a..b=1")
