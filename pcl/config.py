@@ -32,6 +32,8 @@ class RunConfig(Section):
     m: int = Field(512, ge=1, description="Prompts per step (the paper's m).")
     n: int = Field(16, ge=1, description="Generations per prompt (the paper's n).")
     eval_every: int = Field(10, ge=0, description="Held-out evaluation every N steps (and at step 0); 0 disables.")
+    eval_samples: int = Field(4, ge=1, description="Samples per held-out prompt; accuracy is their mean reward.")
+    eval_temperature: float | None = Field(None, ge=0, le=5, description="Held-out sampling temperature; rollout.temperature when unset.")
     run_dir: str | None = Field(None, description="Where metrics and checkpoints go; --run-dir overrides.")
     time_budget_s: float | None = Field(None, gt=0, description="Stop after this many wall-clock seconds.")
 
@@ -150,6 +152,7 @@ class RolloutConfig(Section):
     gpu_memory_utilization: float = Field(0.6, gt=0, le=1, description="vLLM only.")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM only.")
     num_gpus_per_worker: float = Field(0.0, ge=0)
+    step_timeout_s: float = Field(1800.0, gt=0, description="Deadline for a step's samples to be generated and verified.")
 
 
 class VerifierConfig(Section):
@@ -163,6 +166,7 @@ class LearnerConfig(Section):
     micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward; gradients accumulate.")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="auto: NCCL with GPUs, gloo without.")
     num_gpus_per_rank: float = Field(0.0, ge=0)
+    timeout_s: float = Field(1800.0, gt=0, description="Deadline for one learner call (a step, a weight gather).")
 
 
 class RedisConfig(Section):

@@ -22,7 +22,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from pcl.config import load_config
 
     cfg = load_config(args.config, args.overrides)
-    from actors.coordinator import run_training
+    from services.train import run_training
 
     return run_training(cfg, run_dir=args.run_dir, resume=args.resume)
 

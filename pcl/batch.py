@@ -1,0 +1,106 @@
+"""Turning one step's verified samples into the learner's batch and the step's group statistics.
+
+The coordinator collects exactly one `Sample` per (prompt, sample index) for the m selected prompts, then:
+
+    groups = group_samples(samples, prompt_ids, n)       # rewards[m, n] in selection order
+    seqs = training_sequences(groups)                    # only samples with a non-zero advantage
+    shards = shard_sequences(seqs, world_size)           # balanced by token count, one list per rank
+
+Samples whose advantage is zero contribute nothing to the loss or its gradient (DESIGN 1.7: the loss is
+sum_i (1/|y_i|) sum_l ratio_l * A_i over the batch), so they are not sent to the learner; the learner still
+divides by the full number of sequences m*n, which keeps the update identical to training on everything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from pcl.rl import group_advantages
+import torch
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One verified generation, as the learner and the statistics need it."""
+
+    prompt_id: str  # the dataset's stable prompt id
+    sample_index: int  # 0..n-1 within the prompt's group
+    prompt_token_ids: tuple[int, ...]  # the templated prompt, tokenised
+    response_token_ids: tuple[int, ...]  # the generation, EOS included when it stopped
+    reward: float  # verified reward in {0, 1}; 0 for truncated responses
+    finish_reason: str  # "stop" or "length"
+
+
+@dataclass(frozen=True)
+class Groups:
+    """The step's samples arranged as m groups of n, in the order the prompts were selected."""
+
+    prompt_ids: list[str]  # [m]
+    samples: list[list[Sample]]  # [m][n], sorted by sample index
+    rewards: np.ndarray  # [m, n] float64
+
+    @property
+    def pass_rates(self) -> np.ndarray:
+        """[m] mean reward per prompt: the realised pass rate p that V is trained towards (DESIGN 1.8)."""
+        return self.rewards.mean(axis=1)
+
+
+def group_samples(samples: Sequence[Sample], prompt_ids: Sequence[str], n: int) -> Groups:
+    """Arrange samples into [m, n] groups, failing loudly if any (prompt, sample index) is missing or doubled."""
+    by_key: dict[tuple[str, int], Sample] = {}
+    for s in samples:
+        key = (s.prompt_id, s.sample_index)
+        if key in by_key:
+            raise ValueError(f"sample {key} appears twice in the step's batch")
+        by_key[key] = s
+    wanted = {(pid, j) for pid in prompt_ids for j in range(n)}
+    missing = wanted - by_key.keys()
+    if missing:
+        raise ValueError(f"{len(missing)} samples missing from the step's batch, e.g. {sorted(missing)[:3]}")
+    extra = by_key.keys() - wanted
+    if extra:
+        raise ValueError(f"{len(extra)} samples do not belong to the step's prompts, e.g. {sorted(extra)[:3]}")
+    rows = [[by_key[(pid, j)] for j in range(n)] for pid in prompt_ids]
+    rewards = np.array([[s.reward for s in row] for row in rows], dtype=np.float64).reshape(len(prompt_ids), n)
+    return Groups(list(prompt_ids), rows, rewards)
+
+
+def training_sequences(groups: Groups) -> list[dict]:
+    """The learner's input: one dict per sample with a non-zero advantage (DESIGN 1.6).
+
+    Each dict has `prompt_token_ids`, `response_token_ids` (lists of int) and `advantage` (float).
+    """
+    if groups.rewards.size == 0:
+        return []
+    advantages = group_advantages(torch.as_tensor(groups.rewards)).numpy()
+    out = []
+    for row, adv_row in zip(groups.samples, advantages):
+        for sample, adv in zip(row, adv_row):
+            if abs(adv) > 1e-9 and sample.response_token_ids:
+                out.append({
+                    "prompt_token_ids": list(sample.prompt_token_ids),
+                    "response_token_ids": list(sample.response_token_ids),
+                    "advantage": float(adv),
+                })
+    return out
+
+
+def shard_sequences(sequences: Sequence[dict], world_size: int) -> list[list[dict]]:
+    """Split sequences over ranks, balancing total tokens (longest first onto the lightest rank).
+
+    The assignment is deterministic for a given input order, so a retried step shards identically.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    shards: list[list[dict]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    order = sorted(range(len(sequences)),
+                   key=lambda i: -(len(sequences[i]["prompt_token_ids"]) + len(sequences[i]["response_token_ids"])))
+    for i in order:
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        shards[rank].append(sequences[i])
+        load[rank] += len(sequences[i]["prompt_token_ids"]) + len(sequences[i]["response_token_ids"])
+    return shards

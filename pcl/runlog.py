@@ -1,0 +1,95 @@
+"""The run directory's per-step record: `RUN_DIR/metrics.jsonl`, one JSON object per step.
+
+The coordinator appends one line per committed step (flushed and fsynced, so a killed run keeps every step it
+finished); the driver tails the same file to print one console line per step. Non-finite floats are written as
+null so every line is strict JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+METRICS_FILE = "metrics.jsonl"
+
+# The keys every step record carries (eval_accuracy only on evaluation steps).
+STEP_KEYS = (
+    "step", "effective_ratio", "train_reward_mean", "generation_seconds", "selection_seconds", "train_seconds",
+    "weight_sync_seconds", "step_seconds", "selected_value_mean", "value_explained_variance",
+)
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy / torch scalars
+        return _clean(value.item())
+    return value
+
+
+class MetricsLog:
+    """Append-only JSONL of step records in a run directory."""
+
+    def __init__(self, run_dir: str | os.PathLike):
+        self.path = Path(run_dir) / METRICS_FILE
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, record: dict) -> None:
+        line = json.dumps(_clean(record), sort_keys=False, allow_nan=False)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records of steps after `step` (a resumed run rewrites what came after its checkpoint)."""
+        if not self.path.exists():
+            return
+        kept = [r for r in read_metrics(self.path) if r.get("step", -1) <= step]
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+        os.replace(tmp, self.path)
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """All complete records of a metrics file (a torn last line from a crash is ignored)."""
+    return list(iter_metrics(path))
+
+
+def iter_metrics(path: str | os.PathLike, offset: int = 0) -> Iterator[dict]:
+    p = Path(path)
+    if not p.exists():
+        return
+    with open(p, encoding="utf-8") as f:
+        f.seek(offset)
+        for line in f:
+            if not line.endswith("\n"):
+                break
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
+
+
+def format_step_line(r: dict, total_steps: int) -> str:
+    """One console line per step: the numbers a user watches."""
+
+    def f(key: str, fmt: str) -> str:
+        v = r.get(key)
+        return "-" if v is None else format(v, fmt)
+
+    line = (f"step {r['step']:>4}/{total_steps}  reward {f('train_reward_mean', '.3f')}  "
+            f"eff {f('effective_ratio', '.2f')}  V_sel {f('selected_value_mean', '.2f')}  "
+            f"EV {f('value_explained_variance', '+.2f')}  gen {f('generation_seconds', '.2f')}s  "
+            f"sel {f('selection_seconds', '.2f')}s  train {f('train_seconds', '.2f')}s  "
+            f"sync {f('weight_sync_seconds', '.2f')}s  step {f('step_seconds', '.2f')}s")
+    if r.get("eval_accuracy") is not None:
+        line += f"  eval_acc {r['eval_accuracy']:.3f}"
+    return line
