@@ -1,0 +1,237 @@
+"""Advantages, losses and step metrics of PCL's policy and value updates (DESIGN.md section 1).
+
+Pure torch functions, no state: the learner and the coordinator call them on batches of one step.
+
+    rewards = torch.tensor(...)                          # [m, n] reward of sample j of prompt i
+    adv = group_advantages(rewards)                      # [m, n] step 6
+    logp = token_logprobs(policy(tokens).logits, tokens_next)   # [B, T], B = m*n
+    loss = policy_gradient_loss(logp, logp.detach(), adv.flatten(), mask)   # step 7
+    v_loss = value_loss(value_model(prompts), rewards.mean(-1))             # step 8
+    metrics = effective_ratio(rewards), explained_variance(rewards.mean(-1), predicted_values)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+
+# Rewards closer than this to their group mean count as a zero advantage: float rewards such as
+# [0.3, 0.3, 0.3] do not average back to exactly 0.3.
+ADVANTAGE_ATOL = 1e-6
+# Var(p) at or below this makes explained variance undefined (every prompt has the same pass rate).
+VARIANCE_EPS = 1e-12
+
+
+def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
+    if not isinstance(rewards, torch.Tensor):
+        raise ValueError(f"rewards: expected a torch tensor of shape [m, n], got {type(rewards).__name__}")
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards: expected shape [m, n] (prompts x samples), got {tuple(rewards.shape)}")
+    if rewards.shape[1] == 0:
+        raise ValueError("rewards: each prompt needs at least one sample (n >= 1), got n = 0")
+    return rewards if rewards.is_floating_point() else rewards.float()
+
+
+def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """Group-mean advantages A_ij = r_ij - mean_j r_ij (DESIGN 1, step 6; no std normalisation).
+
+    Args:
+        rewards: [m, n] reward of sample j of prompt i (integer rewards are cast to float32).
+
+    Returns:
+        [m, n] advantages; every row sums to 0, a row of equal rewards is all zeros.
+    """
+    rewards = _check_rewards(rewards)
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
+def effective_ratio(rewards: torch.Tensor, atol: float = ADVANTAGE_ATOL) -> float:
+    """Fraction of samples with a non-zero advantage (DESIGN 1, metrics).
+
+    Only these samples carry gradient in step 7; a prompt whose n rewards are all equal (all solved or
+    all failed) contributes n zeros. An advantage with |A| <= `atol` counts as zero.
+
+    Args:
+        rewards: [m, n] rewards of one step's batch, m >= 1.
+
+    Returns:
+        A float in [0, 1].
+    """
+    advantages = group_advantages(rewards)
+    if advantages.numel() == 0:
+        raise ValueError("rewards: the batch is empty (m = 0); the effective ratio is undefined")
+    return (advantages.abs() > atol).double().mean().item()
+
+
+def explained_variance(p: torch.Tensor, v: torch.Tensor) -> float:
+    """How much of the spread of pass rates the value model explains: 1 - Var(p - v) / Var(p).
+
+    DESIGN 1, metrics. Population variances over the batch, computed in float64. 1 is a perfect value
+    model, 0 is as good as predicting the batch mean, negative is worse than that.
+
+    Args:
+        p: [m] empirical pass rate of each selected prompt (mean reward of its n samples).
+        v: [m] value model prediction V(x) for the same prompts.
+
+    Returns:
+        The explained variance, or NaN when Var(p) <= VARIANCE_EPS (all prompts had the same pass
+        rate, e.g. m = 1): the ratio is undefined there; callers log the NaN rather than a made-up number.
+    """
+    p = torch.as_tensor(p).detach().to(torch.float64)
+    v = torch.as_tensor(v).detach().to(device=p.device, dtype=torch.float64)
+    if p.ndim != 1 or p.numel() == 0:
+        raise ValueError(f"p: expected a non-empty 1-D tensor of pass rates, got shape {tuple(p.shape)}")
+    if v.shape != p.shape:
+        raise ValueError(f"v: expected the shape of p {tuple(p.shape)}, got {tuple(v.shape)}")
+    var_p = p.var(correction=0).item()
+    if not var_p > VARIANCE_EPS:
+        return math.nan
+    return 1.0 - (p - v).var(correction=0).item() / var_p
+
+
+def policy_gradient_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    num_sequences: int | None = None,
+) -> torch.Tensor:
+    """Loss of the on-policy step: minimising it maximises E[(1/|y|) sum_l ratio_l * A] (DESIGN 1, step 7).
+
+    ratio_l = exp(logprobs_l - old_logprobs_l) with the old log-probs detached, so at pi = pi_t the
+    ratio is 1 and the gradient is the REINFORCE gradient with the group-mean baseline: no clipping,
+    no KL, no reference model. Returns
+        -(sum_i (1/|y_i|) sum_l ratio_il * A_i * mask_il) / num_sequences,   |y_i| = sum_l mask_il.
+
+    `num_sequences` is the size of the whole batch. A learner that splits the batch into micro-batches
+    (or over data-parallel ranks) passes the global count to each part: the parts' losses, and so their
+    gradients, then add up to those of the whole batch. It defaults to B (the batch is all there is).
+
+    Args:
+        logprobs: [B, T] log pi(y_l | x, y_<l) under the parameters being trained (with grad).
+        old_logprobs: [B, T] the same under the sampling policy pi_t (detached here).
+        advantages: [B] advantage of each sequence (constant over its tokens).
+        mask: [B, T] 1 (or True) for response tokens, 0 for prompt and padding.
+        num_sequences: divisor, the number of sequences of the whole batch; must be > 0.
+
+    Returns:
+        Scalar loss. A sequence with no response token (|y| = 0) contributes 0.
+    """
+    if logprobs.ndim != 2:
+        raise ValueError(f"logprobs: expected shape [B, T], got {tuple(logprobs.shape)}")
+    for name, tensor in (("old_logprobs", old_logprobs), ("mask", mask)):
+        if tensor.shape != logprobs.shape:
+            raise ValueError(f"{name}: expected the shape of logprobs {tuple(logprobs.shape)}, "
+                             f"got {tuple(tensor.shape)}")
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"advantages: expected shape [{logprobs.shape[0]}], got {tuple(advantages.shape)}")
+    num_sequences = logprobs.shape[0] if num_sequences is None else num_sequences
+    if num_sequences <= 0:
+        raise ValueError(f"num_sequences: must be positive, got {num_sequences}")
+    mask = mask.to(torch.bool)
+    # Mask the log-ratio before exp: padding may hold -inf log-probs, and inf or NaN there must not
+    # reach the loss or leak NaN gradients through the masked-out positions.
+    log_ratio = torch.where(mask, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
+    ratio = torch.exp(log_ratio) * mask  # [B, T]
+    lengths = mask.sum(dim=-1).clamp(min=1).to(ratio.dtype)  # [B]; |y| = 0 gives 0 / 1 = 0
+    per_sequence = ratio.sum(dim=-1) / lengths * advantages.detach().to(ratio.dtype)  # [B]
+    return -per_sequence.sum() / num_sequences
+
+
+def value_loss(
+    values: torch.Tensor, targets: torch.Tensor, reduction: Literal["sum", "mean"] = "sum"
+) -> torch.Tensor:
+    """Squared error of the value model against the observed pass rates (DESIGN 1, step 8).
+
+    Args:
+        values: [m] V(x_i) of the selected prompts (with grad).
+        targets: [m] p_i = mean_j r_ij, the pass rate measured this step (detached here).
+        reduction: "sum" (the paper's sum_i (V(x_i) - p_i)^2) or "mean" (the same divided by m).
+
+    Returns:
+        Scalar loss.
+    """
+    if values.ndim != 1:
+        raise ValueError(f"values: expected shape [m], got {tuple(values.shape)}")
+    if targets.shape != values.shape:
+        raise ValueError(f"targets: expected the shape of values {tuple(values.shape)}, "
+                         f"got {tuple(targets.shape)}")
+    squared = (values - targets.detach().to(values.dtype)) ** 2
+    if reduction == "sum":
+        return squared.sum()
+    if reduction == "mean":
+        return squared.mean()
+    raise ValueError(f"reduction: expected 'sum' or 'mean', got {reduction!r}")
+
+
+class _ChunkedTokenLogprobs(torch.autograd.Function):
+    """log softmax(z)[y] per row of z = flat logits [N, V], computed and differentiated chunk by chunk.
+
+    Forward keeps only references to the logits plus a [N] logsumexp; backward writes
+    d/dz = grad * (onehot(y) - softmax(z)) straight into one [N, V] gradient buffer, recomputing
+    softmax per chunk. Neither pass holds more than one [chunk, V] temporary at a time.
+    """
+
+    @staticmethod
+    def forward(ctx, flat_logits: torch.Tensor, flat_tokens: torch.Tensor, chunk: int) -> torch.Tensor:
+        out_dtype = torch.float64 if flat_logits.dtype == torch.float64 else torch.float32
+        rows = flat_logits.shape[0]
+        out = flat_logits.new_empty(rows, dtype=out_dtype)  # [N]
+        lse = flat_logits.new_empty(rows, dtype=out_dtype)  # [N]
+        for start in range(0, rows, chunk):
+            part = flat_logits[start:start + chunk].to(out_dtype)  # [c, V]; upcast copy for bf16 only
+            lse[start:start + chunk] = torch.logsumexp(part, dim=-1)
+            picked = part.gather(-1, flat_tokens[start:start + chunk, None]).squeeze(-1)
+            out[start:start + chunk] = picked - lse[start:start + chunk]
+        ctx.save_for_backward(flat_logits, flat_tokens, lse)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        flat_logits, flat_tokens, lse = ctx.saved_tensors
+        grad = torch.empty_like(flat_logits)  # [N, V], in the logits' dtype
+        for start in range(0, flat_logits.shape[0], ctx.chunk):
+            rows = slice(start, start + ctx.chunk)
+            g_rows = grad_out[rows, None].to(lse.dtype)  # [c, 1]
+            part = (flat_logits[rows].to(lse.dtype) - lse[rows, None]).exp_()  # softmax, [c, V], in place
+            part.mul_(-g_rows).scatter_add_(-1, flat_tokens[rows, None], g_rows)
+            grad[rows] = part
+        return grad, None, None
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, chunk_tokens: int = 1024) -> torch.Tensor:
+    """log softmax(logits)[token] at every position, without a full [B, T, V] log-softmax.
+
+    Computed as logit[token] - logsumexp(logits) over chunks of `chunk_tokens` positions, forward and
+    backward: the temporaries are [chunk_tokens, V] instead of [B, T, V] (with a 150k vocabulary a
+    full log-softmax of a long batch costs gigabytes), autograd keeps no [B, T, V] tensor besides the
+    logits themselves, and the backward pass allocates only the logits' gradient. Half-precision
+    logits are upcast to float32 chunk by chunk, since logsumexp in bf16 loses the precision that
+    ratio_l in step 7 needs. Differentiable once (no double backward).
+
+    Args:
+        logits: [B, T, V] next-token logits.
+        tokens: [B, T] integer token ids in [0, V), the token scored at each position.
+        chunk_tokens: positions per chunk, > 0.
+
+    Returns:
+        [B, T] log-probabilities, float32 (float64 when the logits are float64).
+    """
+    if logits.ndim != 3:
+        raise ValueError(f"logits: expected shape [B, T, V], got {tuple(logits.shape)}")
+    if tokens.shape != logits.shape[:2]:
+        raise ValueError(f"tokens: expected shape {tuple(logits.shape[:2])}, got {tuple(tokens.shape)}")
+    if tokens.is_floating_point() or tokens.dtype == torch.bool:
+        raise ValueError(f"tokens: expected integer token ids, got dtype {tokens.dtype}")
+    if chunk_tokens <= 0:
+        raise ValueError(f"chunk_tokens: must be positive, got {chunk_tokens}")
+    vocab = logits.shape[-1]
+    if tokens.numel() and (tokens.min().item() < 0 or tokens.max().item() >= vocab):
+        raise ValueError(f"tokens: ids must be in [0, {vocab}), got range "
+                         f"[{tokens.min().item()}, {tokens.max().item()}]")
+    flat = _ChunkedTokenLogprobs.apply(logits.reshape(-1, vocab), tokens.reshape(-1).long(), chunk_tokens)
+    return flat.reshape(tokens.shape)
