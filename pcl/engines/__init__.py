@@ -1,0 +1,47 @@
+"""Generation engines: one interface (`Engine`), two implementations (Hugging Face transformers, vLLM).
+
+    engine = make_engine(cfg.rollout, model_path, seed=cfg.run.seed, dtype=cfg.model.dtype)
+    groups = engine.generate(prompt_token_ids, SamplingParams.from_rollout_config(cfg.rollout, n=cfg.run.n))
+
+The engine modules import transformers / vllm lazily, so importing this package is cheap.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pcl.engines.base import Engine, FinishReason, Generation, NamedTensors, SamplingParams
+
+__all__ = ["Engine", "FinishReason", "Generation", "NamedTensors", "SamplingParams", "make_engine"]
+
+
+def make_engine(rollout_cfg, model_path: str, seed: int, *, dtype: str | None = None,
+                device: str = "auto", **engine_kwargs: Any) -> Engine:
+    """The engine named by `rollout_cfg.engine` (a `pcl.config.RolloutConfig`), loaded from `model_path`.
+
+    Args:
+        rollout_cfg: the run's rollout section: engine, tensor_parallel_size, gpu_memory_utilization.
+        model_path: checkpoint directory of the policy.
+        seed: base sampling seed.
+        dtype: parameter dtype ("float32", "bfloat16", "float16"); the engine's default when None
+            (float32 for HF, the checkpoint's for vLLM).
+        device: HF engine only: "auto", "cpu" or "cuda[:N]" (vLLM places itself).
+        engine_kwargs: passed on (HFEngine: max_batch_size, num_threads, tokenizer_path; VLLMEngine:
+            max_model_len, update_chunk_bytes, vllm.LLM arguments).
+    """
+    if rollout_cfg.engine == "hf":
+        from pcl.engines.hf import HFEngine
+
+        return HFEngine(model_path, device=device, dtype=dtype or "float32", seed=seed, **engine_kwargs)
+    if rollout_cfg.engine == "vllm":
+        from pcl.engines.vllm import VLLMEngine
+
+        return VLLMEngine(
+            model_path,
+            tensor_parallel_size=rollout_cfg.tensor_parallel_size,
+            gpu_memory_utilization=rollout_cfg.gpu_memory_utilization,
+            dtype=dtype or "auto",
+            seed=seed,
+            **engine_kwargs,
+        )
+    raise ValueError(f"rollout.engine: expected 'hf' or 'vllm', got {rollout_cfg.engine!r}")
