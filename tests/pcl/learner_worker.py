@@ -1,0 +1,168 @@
+"""Learner ranks for tests/pcl/test_learner.py: real processes joined by a real torch.distributed group.
+
+    out = run_ranks(world_size=2, model_dir=..., out_dir=..., scenarios=["mbs1", "mbs4"])
+
+spawns `world_size` processes (multiprocessing spawn), each builds `pcl.learner.PolicyLearner`s and runs
+the named scenarios in order; rank 0 saves the gathered weights of each scenario as `<name>.pt` and every
+rank saves its `train_step` stats as `<name>.rank<r>.json` under out_dir.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+import socket
+from pathlib import Path
+
+import torch
+
+# Adam's eps is large on purpose: with a small eps the first AdamW update is ~lr * sign(grad) and would
+# not notice a gradient that is off by a constant factor (e.g. averaged instead of summed over ranks).
+OPTIMIZER = {"lr": 1e-2, "eps": 1e-2, "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.99}
+VOCAB_SIZE = 32  # the conftest tiny model's vocabulary
+STEP_SEQUENCES, STEP_COUNT = 7, 7  # 7 sequences, divisor 7: uneven shares on 2 ranks
+# A second step whose divisor exceeds its sequences, as when zero-advantage samples are left out.
+NEXT_SEQUENCES, NEXT_COUNT = 5, 8
+
+# name -> micro-batch size, gradient clip, how many of the step's sequences each rank gets (by world size).
+SCENARIOS = {
+    "mbs1": {"micro_batch_size": 1, "grad_clip": None, "shares": {1: [7], 2: [5, 2]}},
+    "mbs4": {"micro_batch_size": 4, "grad_clip": None, "shares": {1: [7], 2: [7, 0]}},
+    "clip": {"micro_batch_size": 2, "grad_clip": 0.5, "shares": {1: [7], 2: [3, 4]}},
+}
+
+
+def make_sequences(count: int, seed: int) -> list[dict]:
+    """Deterministic sequences with prompts of 1-6 tokens, responses of 1-8 and non-zero advantages."""
+    rng = random.Random(seed)
+    sequences = []
+    for index in range(count):
+        prompt_len = 1 if index == 0 else rng.randint(1, 6)
+        sequences.append({
+            "prompt_token_ids": [rng.randrange(VOCAB_SIZE) for _ in range(prompt_len)],
+            "response_token_ids": [rng.randrange(VOCAB_SIZE) for _ in range(rng.randint(1, 8))],
+            "advantage": rng.choice([-1, 1]) * rng.uniform(0.1, 1.0),
+        })
+    return sequences
+
+
+def split(sequences: list[dict], shares: list[int], rank: int) -> list[dict]:
+    start = sum(shares[:rank])
+    return sequences[start:start + shares[rank]]
+
+
+def _same_tree(a, b) -> bool:
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same_tree(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(_same_tree(x, y) for x, y in zip(a, b))
+    return torch.equal(a, b) if torch.is_tensor(a) else a == b
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _learner(model_dir: str, rank: int, world_size: int, device: str, micro_batch_size: int = 2,
+             grad_clip: float | None = None, reshard_after_forward: bool = True):
+    from pcl.config import OptimizerConfig
+    from pcl.learner import PolicyLearner
+
+    cfg = OptimizerConfig(grad_clip=grad_clip, **OPTIMIZER)
+    return PolicyLearner(model_dir, cfg, micro_batch_size=micro_batch_size, device=device, dtype="float32",
+                         rank=rank, world_size=world_size, seed=0,
+                         reshard_after_forward=reshard_after_forward)
+
+
+def _save(out: Path, name: str, rank: int, stats: dict, weights: dict | None = None) -> None:
+    (out / f"{name}.rank{rank}.json").write_text(json.dumps(stats))
+    if rank == 0 and weights is not None:
+        torch.save(weights, out / f"{name}.pt")
+
+
+def _run_step_scenario(name: str, model_dir: str, out: Path, rank: int, world_size: int, device: str) -> None:
+    spec = SCENARIOS[name]
+    learner = _learner(model_dir, rank, world_size, device, spec["micro_batch_size"], spec["grad_clip"])
+    share = split(make_sequences(STEP_SEQUENCES, seed=1), spec["shares"][world_size], rank)
+    stats = learner.train_step(share, STEP_COUNT)
+    _save(out, name, rank, stats, learner.full_state_dict())
+    if name == "mbs1":
+        learner.save_pretrained(str(out / "hf"))
+
+
+def _run_resume(model_dir: str, out: Path, rank: int, world_size: int, device: str) -> None:
+    """A trains two steps; B loads A's checkpoint taken after step 1 and trains step 2."""
+    first = split(make_sequences(STEP_SEQUENCES, seed=1), SCENARIOS["clip"]["shares"][world_size], rank)
+    second = make_sequences(NEXT_SEQUENCES, seed=2)[rank::world_size]
+    a = _learner(model_dir, rank, world_size, device)
+    a.train_step(first, STEP_COUNT)
+    state, weights = a.state_dict(), a.full_state_dict()
+    kept, kept_weights = copy.deepcopy(state), copy.deepcopy(weights)
+    a.train_step(second, NEXT_COUNT)
+    after_a = a.full_state_dict()
+    b = _learner(model_dir, rank, world_size, device)
+    b.load_state_dict(state if rank == 0 else {})
+    unchanged = _same_tree(kept, state)
+    b.train_step(second, NEXT_COUNT)
+    stats = {"steps_in_checkpoint": state.get("steps"), "state_keys": sorted(state),
+             "caller_state_unchanged": unchanged, "weights_unchanged": _same_tree(kept_weights, weights)}
+    _save(out, "resume", rank, stats, {"a": after_a, "b": b.full_state_dict()})
+
+
+def _run_unsharded(model_dir: str, out: Path, rank: int, world_size: int, device: str) -> None:
+    """resume's learner A again, with gathered weights kept through each step (reshard_after_forward off)."""
+    first = split(make_sequences(STEP_SEQUENCES, seed=1), SCENARIOS["clip"]["shares"][world_size], rank)
+    second = make_sequences(NEXT_SEQUENCES, seed=2)[rank::world_size]
+    learner = _learner(model_dir, rank, world_size, device, reshard_after_forward=False)
+    stats = [learner.train_step(first, STEP_COUNT), learner.train_step(second, NEXT_COUNT)]
+    _save(out, "unsharded", rank, {"steps": stats}, learner.full_state_dict())
+
+
+def _run_bad_share(model_dir: str, out: Path, rank: int, world_size: int, device: str) -> None:
+    """The last rank's share has an empty response: every rank must raise, none may hang."""
+    learner = _learner(model_dir, rank, world_size, device)
+    share = make_sequences(2, seed=3)[rank::world_size]
+    if rank == world_size - 1:
+        share = share + [{"prompt_token_ids": [1, 2], "response_token_ids": [], "advantage": 1.0}]
+    try:
+        learner.train_step(share, 4)
+        message = None
+    except ValueError as exc:
+        message = str(exc)
+    ok = learner.train_step(make_sequences(2, seed=3)[rank::world_size], 2)  # the group still works
+    _save(out, "bad", rank, {"message": message, "next_loss": ok["loss"]})
+
+
+def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_dir: str, scenarios: list[str],
+               backend: str, device: str) -> None:
+    import torch.distributed as dist
+
+    from pcl.learner import init_process_group
+
+    torch.set_num_threads(1)
+    init_process_group(backend, f"tcp://127.0.0.1:{port}", rank, world_size, timeout_s=120)
+    try:
+        for name in scenarios:
+            if name == "resume":
+                _run_resume(model_dir, Path(out_dir), rank, world_size, device)
+            elif name == "bad":
+                _run_bad_share(model_dir, Path(out_dir), rank, world_size, device)
+            elif name == "unsharded":
+                _run_unsharded(model_dir, Path(out_dir), rank, world_size, device)
+            else:
+                _run_step_scenario(name, model_dir, Path(out_dir), rank, world_size, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(world_size: int, model_dir: str, out_dir: str, scenarios: list[str], backend: str = "gloo",
+              device: str = "cpu") -> Path:
+    """Run the scenarios on `world_size` spawned ranks; raises if any rank fails."""
+    import torch.multiprocessing as mp
+
+    args = (world_size, free_port(), str(model_dir), str(out_dir), scenarios, backend, device)
+    mp.spawn(_rank_main, args=args, nprocs=world_size, join=True)
+    return Path(out_dir)
