@@ -167,6 +167,8 @@ class LearnerConfig(Section):
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="auto: NCCL with GPUs, gloo without.")
     num_gpus_per_rank: float = Field(0.0, ge=0)
     timeout_s: float = Field(1800.0, gt=0, description="Deadline for one learner call (a step, a weight gather).")
+    reshard_after_forward: bool = Field(True, description="FSDP2: free gathered parameters after forward (memory) "
+                                        "or keep them for backward (speed, for small models).")
 
 
 class RedisConfig(Section):

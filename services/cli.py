@@ -60,7 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Overrides may come after options (`pcl train cfg.yaml --run-dir d run.steps=3`): argparse leaves those
+    # as unknown arguments, which are taken as overrides where the command has them.
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        if not hasattr(args, "overrides") or any(u.startswith("-") or "=" not in u for u in unknown):
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.overrides = [*args.overrides, *unknown]
     from pcl.config import ConfigError
 
     try:

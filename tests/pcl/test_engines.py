@@ -15,7 +15,7 @@ from pcl.engines import Engine, SamplingParams, make_engine
 from pcl.engines.hf import HFEngine
 from pcl.engines.vllm import pack_weights
 
-from .conftest import TINY_EOS_ID, build_tiny_tokenizer
+from tests.conftest import TINY_EOS_ID, build_tiny_tokenizer
 
 QUESTIONS = ["1+2=", "13+4=", "7*8=", "99-9=", "3=", "12+34="]
 

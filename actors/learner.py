@@ -1,0 +1,109 @@
+"""The learner group: M Ray actors forming one torch.distributed process group over an FSDP2 policy.
+
+    group = LearnerGroup.create(cfg, model_path, num_ranks=2)
+    stats = group.train(sequences, global_count)       # exactly one optimizer step (DESIGN 1.7)
+    ref = group.state_ref()                           # full weights of rank 0, in the object store
+
+Each rank runs `pcl.learner.PolicyLearner`; this file only places the ranks, wires the process group
+(gloo on CPU, NCCL on GPU) and fans a step's shards out to them.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any, Sequence
+
+import ray
+
+from actors.runtime import init_actor_process
+from pcl.batch import shard_sequences
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class LearnerRank:
+    def __init__(self, rank: int, world_size: int, threads: int = 1):
+        init_actor_process(threads)
+        self.rank, self.world_size = rank, world_size
+        self.learner = None
+
+    def address(self) -> tuple[str, int]:
+        """An address and free port on this node for the process group's rendezvous (asked of rank 0)."""
+        host = ray.util.get_node_ip_address()
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return host, s.getsockname()[1]
+
+    def setup(self, master: tuple[str, int], backend: str, model_path: str, optimizer_cfg: dict,
+              micro_batch_size: int, device: str, dtype: str, seed: int, reshard_after_forward: bool = True) -> bool:
+        from pcl.config import OptimizerConfig
+        from pcl.learner import PolicyLearner, init_process_group
+
+        init_process_group(backend, f"tcp://{master[0]}:{master[1]}", self.rank, self.world_size)
+        self.learner = PolicyLearner(model_path, OptimizerConfig(**optimizer_cfg), micro_batch_size=micro_batch_size,
+                                     device=device, dtype=dtype, rank=self.rank, world_size=self.world_size, seed=seed,
+                                     reshard_after_forward=reshard_after_forward)
+        return True
+
+    def train_step(self, shard: list[dict], global_count: int) -> dict[str, float]:
+        return self.learner.train_step(shard, global_count)
+
+    def full_state_dict(self) -> dict:
+        return self.learner.full_state_dict()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.learner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.learner.load_state_dict(state)
+
+    def save_pretrained(self, path: str) -> None:
+        self.learner.save_pretrained(path)
+
+    def ping(self) -> bool:
+        return True
+
+
+class LearnerGroup:
+    """Driver-side handle on the M learner ranks; every call reaches all ranks (they share collectives)."""
+
+    def __init__(self, ranks: list, timeout_s: float):
+        self.ranks, self.timeout_s = ranks, timeout_s
+
+    @classmethod
+    def create(cls, model_path: str, num_ranks: int, backend: str, optimizer_cfg: dict, micro_batch_size: int,
+               device: str, dtype: str, seed: int, num_gpus_per_rank: float = 0.0, threads: int = 1,
+               timeout_s: float = 600.0, resources: dict | None = None,
+               reshard_after_forward: bool = True) -> "LearnerGroup":
+        ranks = [LearnerRank.options(num_gpus=num_gpus_per_rank, resources=resources or None)
+                 .remote(r, num_ranks, threads) for r in range(num_ranks)]
+        master = ray.get(ranks[0].address.remote(), timeout=timeout_s)
+        if backend == "auto":
+            backend = "nccl" if num_gpus_per_rank > 0 else "gloo"
+        ray.get([r.setup.remote(master, backend, model_path, optimizer_cfg, micro_batch_size, device, dtype, seed,
+                                reshard_after_forward) for r in ranks], timeout=timeout_s)
+        return cls(ranks, timeout_s)
+
+    def train(self, sequences: Sequence[dict], global_count: int) -> dict[str, float]:
+        """One optimizer step over the whole batch; returns rank 0's stats with the step's wall time."""
+        start = time.perf_counter()
+        shards = shard_sequences(sequences, len(self.ranks))
+        stats = ray.get([r.train_step.remote(s, global_count) for r, s in zip(self.ranks, shards)],
+                        timeout=self.timeout_s)
+        out = dict(stats[0])
+        out["num_tokens"] = float(sum(s.get("num_tokens", 0) for s in stats))
+        out["learner_wall_seconds"] = time.perf_counter() - start
+        return out
+
+    def state_ref(self):
+        """ObjectRef of the full (gathered) policy weights, from rank 0; all ranks join the gather."""
+        refs = [r.full_state_dict.remote() for r in self.ranks]
+        ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
+        return refs[0]
+
+    def call_all(self, method: str, *args) -> list:
+        return ray.get([getattr(r, method).remote(*args) for r in self.ranks], timeout=self.timeout_s)
+
+    def kill(self) -> None:
+        for r in self.ranks:
+            ray.kill(r, no_restart=True)

@@ -1,0 +1,57 @@
+"""RolloutWorker actor: one member of the rollout fleet (DESIGN 1.4).
+
+It serves the request stream in a background thread with a generation engine (HF on CPU, vLLM on GPU) and
+takes versioned weights from the learner between steps. All logic is in `services.workers.RolloutService`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import ray
+
+from actors.runtime import init_actor_process
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
+class RolloutWorker:
+    def __init__(self, rollout_cfg: dict, redis_url: str, run: str, model_path: str, worker_id: int, seed: int,
+                 dtype: str = "float32", device: str = "auto", visibility_timeout_s: float = 30.0,
+                 max_deliveries: int = 3, threads: int = 1):
+        init_actor_process(threads)
+        from pcl.config import RolloutConfig
+        from pcl.engines import make_engine
+        from services.queues import WorkQueue, stream_key
+        from services.redis_server import make_client
+        from services.workers import RolloutService, serve_forever
+
+        cfg = RolloutConfig(**rollout_cfg)
+        engine = make_engine(cfg, model_path, seed + 1000 * worker_id, dtype=dtype, device=device)
+        client = make_client(redis_url)
+        name = f"rollout-{worker_id}"
+        queue = dict(visibility_timeout_s=visibility_timeout_s, max_deliveries=max_deliveries)
+        requests = WorkQueue(client, stream_key(run, "rollout_requests"), "rollout", name,
+                             max_in_flight=cfg.max_in_flight, **queue)
+        results = WorkQueue(client, stream_key(run, "rollout_results"), "verifier", name, **queue)
+        self.service = RolloutService(engine, requests, results, batch_requests=cfg.max_in_flight)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=serve_forever, args=(self.service, self.stop, name), daemon=True)
+        self.thread.start()
+
+    def load_weights(self, weights: dict, version: int) -> dict[str, float]:
+        """Install the learner's weights as policy `version`; returns how long it took."""
+        start = time.perf_counter()
+        self.service.load_weights(weights, version)
+        return {"version": version, "seconds": time.perf_counter() - start}
+
+    def stats(self) -> dict[str, Any]:
+        return {"policy_version": self.service.engine.policy_version, **self.service.counts}
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+
+    def ping(self) -> bool:
+        return self.thread.is_alive()

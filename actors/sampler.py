@@ -1,0 +1,48 @@
+"""PromptSampler actor: draws each step's candidate prompts from the training set (DESIGN 1.1).
+
+A thin wrapper over `pcl.sampler.PromptSampler` (seeded epoch shuffle, resumable cursor) and the prompt
+table (`pcl.data.PromptRecord`s, already templated and tokenised by the driver).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+from pcl.data import PromptRecord
+from pcl.sampler import PromptSampler
+
+
+def draw_distinct(sampler: PromptSampler, count: int) -> list[int]:
+    """The next `count` distinct indices of the stream: a draw that crosses an epoch boundary can meet a
+    prompt twice (once from each epoch); the repeat is skipped so a step never holds a prompt twice."""
+    if count > sampler.num_prompts:
+        raise ValueError(f"cannot draw {count} distinct prompts from a set of {sampler.num_prompts}")
+    seen: dict[int, None] = {}
+    while len(seen) < count:
+        for i in sampler.sample(count - len(seen)):
+            seen.setdefault(int(i), None)
+    return list(seen)
+
+
+@ray.remote(num_cpus=0, max_restarts=-1)
+class PromptSamplerActor:
+    def __init__(self, prompts: list[PromptRecord], seed: int):
+        if not prompts:
+            raise ValueError("the training set has no usable prompts")
+        self.prompts = prompts
+        self.sampler = PromptSampler(len(prompts), seed)
+
+    def sample(self, count: int) -> list[PromptRecord]:
+        """The next `count` distinct prompts of the shuffled stream (crossing epochs as needed)."""
+        return [self.prompts[i] for i in draw_distinct(self.sampler, count)]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
+
+    def ping(self) -> bool:
+        return True

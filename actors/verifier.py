@@ -1,0 +1,47 @@
+"""RewardVerifier actor: scores rollout results with math-verify (DESIGN 1.5).
+
+A background thread serves the result stream through `services.workers.VerifierService`, which runs
+math-verify in a spawn-based process pool with a hard per-sample timeout, so no model output can hang it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import ray
+
+from actors.runtime import init_actor_process
+
+
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
+class RewardVerifier:
+    def __init__(self, redis_url: str, run: str, answers: dict, worker_id: int, processes: int, timeout_s: float,
+                 visibility_timeout_s: float = 30.0, max_deliveries: int = 3):
+        init_actor_process(1)
+        from pcl.reward_pool import RewardPool
+        from services.queues import WorkQueue, stream_key
+        from services.redis_server import make_client
+        from services.workers import VerifierService, serve_forever
+
+        self.pool = RewardPool(processes=processes, timeout_s=timeout_s)
+        client = make_client(redis_url)
+        name = f"verifier-{worker_id}"
+        queue = dict(visibility_timeout_s=visibility_timeout_s, max_deliveries=max_deliveries)
+        results = WorkQueue(client, stream_key(run, "rollout_results"), "verifier", name, **queue)
+        rewards = WorkQueue(client, stream_key(run, "rewards"), "coordinator", name, **queue)
+        self.service = VerifierService(self.pool, answers, results, rewards)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=serve_forever, args=(self.service, self.stop, name), daemon=True)
+        self.thread.start()
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.service.counts)
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        self.pool.close()
+
+    def ping(self) -> bool:
+        return self.thread.is_alive()

@@ -1,0 +1,96 @@
+"""The rollout and verifier serving loops on a real Redis server, a real HF engine and real math-verify.
+
+The on-policy invariant is tested here twice: a rollout worker never serves a request of another policy
+version, and the step's collector drops a result generated with version v-1 that was injected into
+step v's reward stream, so it is never trained on.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pcl.engines.hf import HFEngine
+from pcl.reward_pool import RewardPool
+from services.payloads import RewardRecord, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
+from services.queues import StepCollector, WorkQueue, stream_key
+from services.workers import RolloutService, VerifierService
+
+pytestmark = pytest.mark.redis
+
+
+def queues(client, run: str, name: str):
+    opts = dict(visibility_timeout_s=5.0, max_deliveries=3, block_ms=50)
+    return (WorkQueue(client, stream_key(run, "rollout_requests"), "rollout", name, **opts),
+            WorkQueue(client, stream_key(run, "rollout_results"), "verifier", name, **opts),
+            WorkQueue(client, stream_key(run, "rewards"), "coordinator", name, **opts))
+
+
+def request(run, step, pid, version, n=3, max_new_tokens=4):
+    return RolloutRequest(run, step, pid, pack_tokens([5, 6, 7]), n, version,
+                          SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens))
+
+
+@pytest.fixture
+def engine(tiny_model_dir):
+    return HFEngine(str(tiny_model_dir), device="cpu", seed=0, num_threads=1)
+
+
+def test_rollout_service_serves_its_version_only(redis_client, key_prefix, engine):
+    requests, results, _ = queues(redis_client, key_prefix, "w")
+    service = RolloutService(engine, requests, results)
+    requests.put([request(key_prefix, 0, "p0", 0), request(key_prefix, 0, "old", 0, n=2)])
+    assert engine.policy_version == 0
+    produced = 0
+    for _ in range(5):
+        produced += service.serve_once(block_ms=50)
+    assert produced == 5  # 3 + 2 samples, all of version 0
+    consumer = WorkQueue(redis_client, results.stream, "verifier", "reader", block_ms=50)
+    got = [d.record for d in consumer.take(100)]
+    assert sorted((r.prompt_id, r.sample_index) for r in got) == [("old", 0), ("old", 1), ("p0", 0), ("p0", 1), ("p0", 2)]
+    assert all(r.policy_version == 0 and len(r.token_ids) // 4 <= 4 for r in got)
+
+    # After a weight sync to version 1, a request of version 0 is dropped and counted, never generated; one
+    # of version 2 is handed back, not served with version-1 weights.
+    service.load_weights(engine.model.state_dict(), 1)
+    requests.put([request(key_prefix, 1, "stale", 0), request(key_prefix, 1, "ahead", 2)])
+    for _ in range(3):
+        assert service.serve_once(block_ms=50) == 0
+    assert service.counts["stale_requests"] == 1 and service.counts["requests_ahead_of_weights"] >= 1
+    assert consumer.take(100, block_ms=50) == []
+
+
+def test_verifier_scores_and_zeroes_truncated(redis_client, key_prefix):
+    _, results, rewards = queues(redis_client, key_prefix, "v")
+
+    def result(pid, j, text, finish="stop"):
+        return RolloutResult(key_prefix, 4, pid, j, 2, pack_tokens([1]), pack_tokens([2, 3]), text, finish, 0.01)
+
+    results.put([result("a", 0, "12"), result("a", 1, "13"), result("b", 0, r"so \boxed{\frac{1}{2}}"),
+                 result("b", 1, "0.5", finish="length"), result("nogold", 0, "1")])
+    with RewardPool(processes=1, timeout_s=5.0) as pool:
+        service = VerifierService(pool, {"a": "12", "b": "0.5"}, results, rewards)
+        assert service.serve_once(block_ms=100) == 4
+    collector = StepCollector(key_prefix, 4, 2, {("a", 0), ("a", 1), ("b", 0), ("b", 1)})
+    reader = WorkQueue(redis_client, rewards.stream, "coordinator", "c", block_ms=50)
+    collector.offer_all(d.record for d in reader.take(100))
+    assert collector.complete
+    got = {(r.prompt_id, r.sample_index): r.reward for r in collector.batch()}
+    assert got == {("a", 0): 1.0, ("a", 1): 0.0, ("b", 0): 1.0, ("b", 1): 0.0}  # truncated -> 0
+    assert service.counts["truncated"] == 1
+
+
+def test_result_of_previous_policy_version_is_dropped_never_trained_on(redis_client, key_prefix):
+    """On-policy invariant: a v-1 sample injected into step v's reward stream is dropped and counted."""
+    _, _, rewards = queues(redis_client, key_prefix, "c")
+    step, version = 7, 7
+
+    def reward(j, v):
+        res = RolloutResult(key_prefix, step, "p", j, v, pack_tokens([1]), pack_tokens([2]), "1", "stop", 0.0)
+        return RewardRecord.from_result(res, 1.0, 0.0, False)
+
+    rewards.put([reward(0, version - 1), reward(0, version), reward(1, version), reward(1, version)])
+    collector = StepCollector(key_prefix, step, version, {("p", 0), ("p", 1)})
+    collector.offer_all(d.record for d in rewards.take(100))
+    assert collector.complete
+    assert all(r.policy_version == version for r in collector.batch())
+    assert collector.dropped()["stale_version"] == 1 and collector.dropped()["duplicates"] == 1
