@@ -15,7 +15,7 @@ import ray
 from actors.runtime import init_actor_process
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
 class RolloutWorker:
     def __init__(self, rollout_cfg: dict, redis_url: str, run: str, model_path: str, worker_id: int, seed: int,
                  dtype: str = "float32", device: str = "auto", visibility_timeout_s: float = 30.0,

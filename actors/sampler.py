@@ -26,7 +26,7 @@ def draw_distinct(sampler: PromptSampler, count: int) -> list[int]:
     return list(seen)
 
 
-@ray.remote(num_cpus=0, max_restarts=-1)
+@ray.remote(num_cpus=0, max_restarts=0)
 class PromptSamplerActor:
     def __init__(self, prompts: list[PromptRecord], seed: int):
         if not prompts:

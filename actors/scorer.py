@@ -16,7 +16,7 @@ import ray
 from actors.runtime import init_actor_process
 
 
-@ray.remote(num_cpus=0, max_restarts=-1)
+@ray.remote(num_cpus=0, max_restarts=0)
 class ValueScorerActor:
     def __init__(self, model_path: str, lr: float, grad_clip: float | None, batch_size: int, device: str,
                  dtype: str, seed: int, threads: int = 1):

@@ -14,7 +14,7 @@ import ray
 from actors.runtime import init_actor_process
 
 
-@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=0)
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
 class RewardVerifier:
     def __init__(self, redis_url: str, run: str, answers: dict, worker_id: int, processes: int, timeout_s: float,
                  visibility_timeout_s: float = 30.0, max_deliveries: int = 3):

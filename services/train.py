@@ -87,7 +87,10 @@ def start_ray() -> bool:
 
     if ray.is_initialized():
         return False
-    quiet = {"logging_level": logging.WARNING, "log_to_driver": True, "include_dashboard": False}
+    # Actors inherit a quiet, single-threaded environment: many of them share the cores of a small machine.
+    env = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    quiet = {"logging_level": logging.ERROR, "log_to_driver": True, "include_dashboard": False,
+             "runtime_env": {"env_vars": env}}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **{k: v for k, v in quiet.items() if k != "include_dashboard"})
         return False
@@ -104,7 +107,8 @@ def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=sys.stdout) 
 
     seen, result = 0, None
     path = run_dir / METRICS_FILE
-    bar = tqdm(total=total_steps, unit="step", file=sys.stderr, dynamic_ncols=True, leave=False)
+    bar = tqdm(total=total_steps, unit="step", file=sys.stderr, dynamic_ncols=True, leave=False,
+               disable=not sys.stderr.isatty())
     try:
         while result is None:
             done, _ = ray.wait([coordinator_ref], timeout=1.0)
