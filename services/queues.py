@@ -1,0 +1,444 @@
+"""Work queues between actors on Redis Streams with consumer groups; the only place that uses streams.
+
+Topology (DESIGN.md section 2), one stream per hop, one consumer group per stream:
+
+    pcl:{run}:rollout_requests  --group "rollout"-->     rollout workers
+    pcl:{run}:rollout_results   --group "verifier"-->    verifier workers
+    pcl:{run}:rewards           --group "coordinator"--> coordinator (StepCollector)
+
+A worker's loop, with at-least-once delivery and the ack written together with the downstream record:
+
+    requests = WorkQueue(client, stream_key(run, "rollout_requests"), "rollout", consumer="w1")
+    results = WorkQueue(client, stream_key(run, "rollout_results"), "verifier", consumer="w1")
+    while running:
+        for delivery in requests.take(8):
+            try:  # the n samples of the request go out as one entry, with the request's ack, in one MULTI
+                requests.forward([delivery], results, [generate(delivery.record)])
+            except Exception as exc:
+                requests.fail(delivery, exc)  # retried, dead-lettered after max_deliveries failures
+
+An entry holds one record or a group of records (`put([group, ...])` with a group a list of records,
+typically one prompt's n samples): grouping divides the per-entry cost of Redis and its client by the
+group size. A delivery is one entry; a failing group is split into single records so that one poison
+record never takes its neighbours down with it.
+
+`take` first reclaims entries that another consumer has held past the visibility timeout (XAUTOCLAIM),
+then reads new ones (XREADGROUP, blocking). An entry that fails `max_deliveries` times, or does not
+decode, goes to `{stream}:dead` with its error and is counted in `{stream}:dead_count`. Every call retries
+with exponential backoff while Redis is unreachable (a restart), and recreates the group if the stream
+vanished. When a step commits, `trim_committed()` drops every entry the stream holds, and their pending
+entries, so memory stays bounded. `StepCollector` turns at-least-once into exactly-once per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence, TypeVar, Union
+
+import redis
+
+from pcl.config import RedisConfig
+from services.payloads import PayloadError, Record, decode_entry, encode_entry
+
+log = logging.getLogger(__name__)
+
+STREAM_GROUPS = {"rollout_requests": "rollout", "rollout_results": "verifier", "rewards": "coordinator"}
+PAYLOAD_FIELD = b"d"
+PUT_CHUNK = 512  # XADDs per pipeline round trip
+T = TypeVar("T")
+Entry = Union[Record, Sequence[Record]]  # what one stream entry holds: a record or a group of records
+
+
+def stream_key(run: str, name: str) -> str:
+    """Redis key of one of the run's streams: pcl:{run}:{name}, name in STREAM_GROUPS."""
+    if name not in STREAM_GROUPS:
+        raise ValueError(f"unknown stream {name!r}; streams are {sorted(STREAM_GROUPS)}")
+    return f"pcl:{run}:{name}"
+
+
+def open_queue(client: redis.Redis, run: str, name: str, consumer: str, cfg: RedisConfig,
+               max_in_flight: int = 1024) -> "WorkQueue":
+    """The run's stream `name` for `consumer`, with the visibility timeout, delivery limit and blocking read
+    of the `redis` config section; max_in_flight is the worker's backpressure bound (rollout.max_in_flight)."""
+    return WorkQueue(client, stream_key(run, name), STREAM_GROUPS[name], consumer,
+                     visibility_timeout_s=cfg.visibility_timeout_s, max_deliveries=cfg.max_deliveries,
+                     block_ms=cfg.block_ms, max_in_flight=max_in_flight)
+
+
+class QueueUnavailable(RuntimeError):
+    """Redis stayed unreachable for longer than the queue's reconnect timeout."""
+
+
+@dataclass(slots=True)
+class Delivery:
+    """One entry handed to this consumer; ack, forward or fail it."""
+
+    id: str  # stream entry id, "milliseconds-sequence"
+    records: list[Record]  # the decoded entry: one record, or a group
+    deliveries: int  # times this entry has been delivered, this one included (1 on a first read)
+    payload: bytes  # the encoded entry, kept for the dead-letter stream
+
+    @property
+    def record(self) -> Record:
+        """The record of a single-record entry."""
+        if len(self.records) != 1:
+            raise ValueError(f"entry {self.id} holds {len(self.records)} records; use .records")
+        return self.records[0]
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    """An entry id as a sortable (milliseconds, sequence) pair."""
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
+
+
+def _id_after(entry_id: str) -> str:
+    ms, seq = entry_id.split("-")
+    return f"{ms}-{int(seq) + 1}"
+
+
+def _id_before(entry_id: str) -> str:
+    ms, seq = _id_key(entry_id)
+    return f"{ms}-{seq - 1}" if seq else f"{ms - 1}-{2**64 - 1}"
+
+
+class WorkQueue:
+    """One stream seen by one consumer of one group: put, take, ack / forward / fail, trim.
+
+    visibility_timeout_s: an entry held this long without ack by any consumer is reclaimed by another.
+    max_deliveries: a record delivered (and failed or abandoned) this often goes to the dead-letter stream.
+    block_ms: how long take() waits for new entries when there are none.
+    max_in_flight: backpressure; this consumer never holds more un-acked deliveries than this.
+    reconnect_timeout_s: how long an operation keeps retrying while Redis is unreachable.
+    """
+
+    def __init__(self, client: redis.Redis, stream: str, group: str, consumer: str, *,
+                 visibility_timeout_s: float = 30.0, max_deliveries: int = 3, block_ms: int = 200,
+                 max_in_flight: int = 1024, reconnect_timeout_s: float = 60.0, dead_letter_maxlen: int = 10_000):
+        if visibility_timeout_s <= 0 or max_deliveries < 1 or block_ms < 1 or max_in_flight < 1:
+            raise ValueError(f"WorkQueue {stream!r}: visibility_timeout_s ({visibility_timeout_s}), max_deliveries "
+                             f"({max_deliveries}), block_ms ({block_ms}) and max_in_flight ({max_in_flight}) must be positive")
+        socket_timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+        if socket_timeout is not None and block_ms / 1000 >= socket_timeout:
+            raise ValueError(f"WorkQueue {stream!r}: block_ms ({block_ms}) must be below the client's "
+                             f"socket_timeout ({socket_timeout} s)")
+        self.client, self.stream, self.group, self.consumer = client, stream, group, consumer
+        self.visibility_ms = int(visibility_timeout_s * 1000)
+        self.max_deliveries, self.block_ms, self.max_in_flight = max_deliveries, block_ms, max_in_flight
+        self.reconnect_timeout_s, self.dead_letter_maxlen = reconnect_timeout_s, dead_letter_maxlen
+        self.dead_stream, self.dead_count_key = f"{stream}:dead", f"{stream}:dead_count"
+        self._held: set[str] = set()  # ids delivered to this consumer and not yet acked / failed
+        self._claim_cursor = "0-0"  # XAUTOCLAIM resumes its scan of the pending list here
+        self._next_reclaim = 0.0  # monotonic time of the next reclaim scan
+        self._retry("XGROUP CREATE", self._ensure_group)
+
+    # -- producing ------------------------------------------------------------------------------------
+
+    def put(self, entries: Iterable[Entry]) -> list[str]:
+        """Append one entry per item, a record or a list of records (pipelined XADDs); returns the entry ids.
+        A retry after a lost reply may add an entry twice, which the idempotency key makes harmless."""
+        payloads = [encode_entry(entry) for entry in entries]
+        ids: list[str] = []
+        for start in range(0, len(payloads), PUT_CHUNK):
+            chunk = payloads[start:start + PUT_CHUNK]
+            ids += self._retry("XADD", lambda: self._xadd_all(self.client.pipeline(transaction=False), chunk))
+        return ids
+
+    def _xadd_all(self, pipe, payloads: Sequence[bytes]) -> list[str]:
+        for payload in payloads:
+            pipe.xadd(self.stream, {PAYLOAD_FIELD: payload})
+        return [entry_id.decode() for entry_id in pipe.execute()[-len(payloads):]] if payloads else []
+
+    # -- consuming ------------------------------------------------------------------------------------
+
+    @property
+    def in_flight(self) -> int:
+        """Deliveries this consumer holds un-acked."""
+        return len(self._held)
+
+    def take(self, max_count: int | None = None, block_ms: int | None = None) -> list[Delivery]:
+        """Up to max_count deliveries (entries; never more than max_in_flight held at once): stale entries of
+        dead consumers first, then new ones, waiting up to block_ms (the queue's by default; 0: no wait)
+        when there are none. May return []."""
+        room = self.max_in_flight - len(self._held)
+        if max_count is not None:
+            room = min(room, max_count)
+        if room <= 0:
+            return []
+        taken = self._reclaim(room) if time.monotonic() >= self._next_reclaim else []
+        if len(taken) < room:
+            wait = None if taken else (self.block_ms if block_ms is None else block_ms)
+            reply = self._retry("XREADGROUP", lambda: self.client.xreadgroup(
+                self.group, self.consumer, {self.stream: ">"}, count=room - len(taken), block=wait or None))
+            entries = reply[0][1] if reply else []
+            taken += self._accept([(entry_id, fields, 1) for entry_id, fields in entries])
+        return taken
+
+    def _reclaim(self, count: int) -> list[Delivery]:
+        """XAUTOCLAIM entries idle past the visibility timeout; dead-letter those delivered too often."""
+        self._next_reclaim = time.monotonic() + min(1.0, self.visibility_ms / 4000)
+        reply = self._retry("XAUTOCLAIM", lambda: self.client.xautoclaim(
+            self.stream, self.group, self.consumer, self.visibility_ms, start_id=self._claim_cursor, count=count))
+        self._claim_cursor = reply[0].decode()
+        entries = [(entry_id, fields) for entry_id, fields in reply[1] if entry_id is not None]
+        if not entries:
+            return []
+        ids = sorted((entry_id for entry_id, _ in entries), key=lambda entry_id: _id_key(entry_id.decode()))
+        pending = self._retry("XPENDING", lambda: self.client.xpending_range(
+            self.stream, self.group, ids[0], ids[-1], len(ids) + len(self._held), consumername=self.consumer))
+        counts = {item["message_id"]: item["times_delivered"] for item in pending}
+        log.info("%s: reclaimed %d entries idle for over %d ms", self.stream, len(entries), self.visibility_ms)
+        # An entry missing from our pending list was acknowledged by its old owner in the meantime.
+        return self._accept([(entry_id, fields, counts[entry_id]) for entry_id, fields in entries
+                             if entry_id in counts])
+
+    def _accept(self, entries: list[tuple[bytes, dict, int]]) -> list[Delivery]:
+        """Decode entries into deliveries; undecodable or over-delivered entries go to the dead letters."""
+        deliveries = []
+        for raw_id, fields, count in entries:
+            entry_id = raw_id.decode()
+            if entry_id in self._held:
+                continue  # reclaimed our own slow entry: we are still working on it
+            payload = fields.get(PAYLOAD_FIELD, b"")
+            if count > self.max_deliveries:
+                self._dead_letter(entry_id, payload, count, f"abandoned: delivered {count - 1} times without "
+                                                            f"an ack (its consumer died or stalled each time)")
+                continue
+            try:
+                records = decode_entry(payload)
+            except PayloadError as exc:
+                self._dead_letter(entry_id, payload, count, f"undecodable: {exc}")
+                continue
+            self._held.add(entry_id)
+            deliveries.append(Delivery(entry_id, records, count, payload))
+        return deliveries
+
+    def ack(self, deliveries: Sequence[Delivery]) -> None:
+        """Acknowledge deliveries whose downstream effect is already written."""
+        if deliveries:
+            ids = [delivery.id for delivery in deliveries]
+            self._retry("XACK", lambda: self.client.xack(self.stream, self.group, *ids))
+            self._held.difference_update(ids)
+
+    def forward(self, deliveries: Sequence[Delivery], downstream: "WorkQueue", entries: Iterable[Entry]) -> None:
+        """Put entries (records or groups) on `downstream` and ack deliveries in one MULTI/EXEC: both
+        happen or neither."""
+        self._put_and_ack(downstream.stream, [encode_entry(entry) for entry in entries],
+                          [delivery.id for delivery in deliveries], "forward")
+
+    def _put_and_ack(self, stream: str, payloads: list[bytes], ids: list[str], what: str) -> None:
+        def write() -> None:
+            pipe = self.client.pipeline(transaction=True)
+            for payload in payloads:
+                pipe.xadd(stream, {PAYLOAD_FIELD: payload})
+            if ids:
+                pipe.xack(self.stream, self.group, *ids)
+            pipe.execute()
+
+        self._retry(what, write)
+        self._held.difference_update(ids)
+
+    def release(self, deliveries: Sequence[Delivery]) -> None:
+        """Hand deliveries back without a verdict: any consumer's next take() may reclaim them at once."""
+        ids = [delivery.id for delivery in deliveries]
+        if ids:  # JUSTID keeps the delivery count; IDLE makes them look stale now
+            self._retry("XCLAIM", lambda: self.client.xclaim(
+                self.stream, self.group, self.consumer, 0, ids, idle=self.visibility_ms, justid=True))
+            self._held.difference_update(ids)
+
+    def fail(self, delivery: Delivery, error: BaseException | str) -> bool:
+        """Processing failed: retry the entry, or dead-letter it after max_deliveries; a group is split
+        into single-record entries (written with the group's ack) that are retried one by one.
+        True if dead-lettered."""
+        if len(delivery.records) > 1:
+            log.warning("%s: group entry %s of %d records failed (%r); splitting it", self.stream, delivery.id,
+                        len(delivery.records), error)
+            self._put_and_ack(self.stream, [encode_entry(record) for record in delivery.records], [delivery.id],
+                              "split")
+            return False
+        if delivery.deliveries >= self.max_deliveries:
+            self._dead_letter(delivery.id, delivery.payload, delivery.deliveries,
+                              f"failed {delivery.deliveries} times; last error: {error!r}")
+            return True
+        log.warning("%s: entry %s failed (delivery %d of %d): %r", self.stream, delivery.id,
+                    delivery.deliveries, self.max_deliveries, error)
+        self.release([delivery])
+        return False
+
+    def _dead_letter(self, entry_id: str, payload: bytes, deliveries: int, reason: str) -> None:
+        """Move one entry to the dead-letter stream with its error, ack it and count it, atomically."""
+        log.error("%s: entry %s dead-lettered to %s: %s", self.stream, entry_id, self.dead_stream, reason)
+        letter = {b"payload": payload, b"error": reason[:4000], b"entry_id": entry_id, b"deliveries": deliveries,
+                  b"consumer": self.consumer}
+
+        def write() -> None:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.xadd(self.dead_stream, letter, maxlen=self.dead_letter_maxlen, approximate=True)
+            pipe.xack(self.stream, self.group, entry_id)
+            pipe.incr(self.dead_count_key)
+            pipe.execute()
+
+        self._retry("dead-letter", write)
+        self._held.discard(entry_id)
+
+    # -- inspecting and trimming ----------------------------------------------------------------------
+
+    def dead_letter_count(self) -> int:
+        """Entries of this stream dead-lettered so far (all consumers)."""
+        return int(self._retry("GET", lambda: self.client.get(self.dead_count_key)) or 0)
+
+    def dead_letters(self, count: int = 100) -> list[dict[str, object]]:
+        """The newest dead letters: entry_id, error, deliveries, consumer and the raw payload."""
+        entries = self._retry("XREVRANGE", lambda: self.client.xrevrange(self.dead_stream, count=count))
+        return [{key.decode(): (value if key == b"payload" else value.decode()) for key, value in fields.items()}
+                for _, fields in entries]
+
+    def depth(self) -> int:
+        """Entries of this group not yet acknowledged: pending plus not yet delivered."""
+        group = self._group_info()
+        if group is None:
+            return 0
+        lag = group.get("lag")
+        if lag is None:  # Redis < 7 has no lag: count the undelivered entries by reading past the cursor
+            lag, cursor = 0, "(" + group["last-delivered-id"].decode()
+            while batch := self._retry("XRANGE", lambda: self.client.xrange(self.stream, cursor, "+", count=1000)):
+                lag += len(batch)
+                cursor = "(" + batch[-1][0].decode()
+        return int(group["pending"]) + int(lag)
+
+    def _group_info(self) -> dict | None:
+        try:
+            groups = self._retry("XINFO GROUPS", lambda: self.client.xinfo_groups(self.stream))
+        except redis.ResponseError:  # the stream does not exist (yet)
+            return None
+        return next((g for g in groups if g["name"].decode() == self.group), None)
+
+    def tail_id(self) -> str:
+        """Id of the newest entry, "0-0" when the stream is empty."""
+        newest = self._retry("XREVRANGE", lambda: self.client.xrevrange(self.stream, count=1))
+        return newest[0][0].decode() if newest else "0-0"
+
+    def trim_before(self, min_id: str) -> int:
+        """Delete entries with ids below min_id, and their pending entries in every group; returns how many
+        entries were deleted. Consumers idle for long with nothing pending are forgotten too."""
+        removed = self._retry("XTRIM", lambda: self.client.xtrim(self.stream, minid=min_id, approximate=False))
+        last_trimmed = _id_before(min_id)
+        stream = self._retry("XINFO STREAM", lambda: self.client.xinfo_stream(self.stream))
+        for group in self._retry("XINFO GROUPS", lambda: self.client.xinfo_groups(self.stream)):
+            name = group["name"]
+            while stale := self._retry("XPENDING", lambda: self.client.xpending_range(
+                    self.stream, name, "-", last_trimmed, 1000)):
+                ids = [item["message_id"] for item in stale]
+                self._retry("XACK", lambda: self.client.xack(self.stream, name, *ids))
+            if _id_key(group["last-delivered-id"].decode()) < _id_key(last_trimmed):
+                # Move the group past the trimmed entries it never read, else Redis 7 counts them as lag
+                # forever; entries-added (Redis 7) keeps the lag exact.
+                added = stream.get("entries-added")
+                read = None if added is None else added - stream["length"]
+                self._retry("XGROUP SETID", lambda: self.client.xgroup_setid(
+                    self.stream, name, last_trimmed, entries_read=read))
+            for consumer in self._retry("XINFO CONSUMERS", lambda: self.client.xinfo_consumers(self.stream, name)):
+                if consumer["pending"] == 0 and consumer["idle"] > max(60_000, 10 * self.visibility_ms):
+                    self.client.xgroup_delconsumer(self.stream, name, consumer["name"])
+        self._held = {entry_id for entry_id in self._held if _id_key(entry_id) >= _id_key(min_id)}
+        return int(removed)
+
+    def trim_committed(self) -> int:
+        """Trim everything the stream holds now. Call when a step commits, before the next step's records
+        are put: whatever is left then is a duplicate or a record of a finished step."""
+        tail = self.tail_id()
+        return self.trim_before(_id_after(tail)) if tail != "0-0" else 0
+
+    # -- resilience -----------------------------------------------------------------------------------
+
+    def _ensure_group(self) -> None:
+        """Create the group (and the stream) if missing; "0" so records put before it are delivered."""
+        try:
+            self.client.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    def _retry(self, what: str, operation: Callable[[], T]) -> T:
+        """Run operation, retrying with exponential backoff while Redis is unreachable or restarting."""
+        delay, deadline = 0.05, None
+        while True:
+            try:
+                return operation()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:  # includes BusyLoadingError (AOF replay)
+                now = time.monotonic()
+                deadline = deadline or now + self.reconnect_timeout_s
+                if now >= deadline:
+                    raise QueueUnavailable(f"{what} on stream {self.stream!r}: Redis unreachable for "
+                                           f"{self.reconnect_timeout_s:g} s: {exc}") from exc
+                log.warning("%s on %s failed (%s); retrying in %.2f s", what, self.stream, exc, delay)
+                time.sleep(delay)
+                delay = min(2 * delay, 2.0)
+            except redis.ResponseError as exc:
+                if "NOGROUP" not in str(exc):
+                    raise
+                log.warning("%s: stream or group %r vanished; recreating it", self.stream, self.group)
+                self._ensure_group()
+
+
+class StepCollector:
+    """The records of one step's batch, exactly one per (prompt id, sample index).
+
+    Offered records of another run, step or policy version, of keys not expected, and repeats of a key
+    already held are dropped and counted: delivery is at-least-once, collection is exactly-once.
+
+        collector = StepCollector(run, step, policy_version, {(pid, j) for pid in prompt_ids for j in range(n)})
+        while not collector.complete:
+            deliveries = rewards.take(512)
+            collector.offer_all(record for d in deliveries for record in d.records)
+            rewards.ack(deliveries)
+    """
+
+    def __init__(self, run: str, step: int, policy_version: int, expected: Iterable[tuple[str, int]]):
+        self.run, self.step, self.policy_version = run, step, policy_version
+        self.expected = frozenset(expected)
+        self.records: dict[tuple[str, int], Record] = {}
+        self.duplicates = 0  # a key already collected (redelivery, or a retried write)
+        self.stale_step = 0  # a record of another step (a late straggler of a committed step)
+        self.stale_version = 0  # generated with other weights than this step's policy: never trained on
+        self.unexpected = 0  # another run, or a (prompt id, sample index) this step did not ask for
+
+    def offer(self, record: Record) -> bool:
+        """Keep the record if it belongs to this batch and is new; True when kept."""
+        key = (record.prompt_id, record.sample_index)
+        if record.run != self.run:
+            self.unexpected += 1
+        elif record.step != self.step:
+            self.stale_step += 1
+        elif record.policy_version != self.policy_version:
+            self.stale_version += 1
+        elif key not in self.expected:
+            self.unexpected += 1
+        elif key in self.records:
+            self.duplicates += 1
+        else:
+            self.records[key] = record
+            return True
+        return False
+
+    def offer_all(self, records: Iterable[Record]) -> int:
+        """Offer each record; returns how many were kept."""
+        return sum(self.offer(record) for record in records)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.records) == len(self.expected)
+
+    @property
+    def missing(self) -> set[tuple[str, int]]:
+        return set(self.expected - self.records.keys())
+
+    def batch(self) -> list[Record]:
+        """The collected records ordered by (prompt id, sample index)."""
+        return [self.records[key] for key in sorted(self.records)]
+
+    def dropped(self) -> dict[str, int]:
+        return {"duplicates": self.duplicates, "stale_step": self.stale_step,
+                "stale_version": self.stale_version, "unexpected": self.unexpected}

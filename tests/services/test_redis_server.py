@@ -1,0 +1,100 @@
+"""Connections: the embedded server's life cycle and durability, URL precedence, clear errors."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pcl.config import RedisConfig
+from services.redis_server import RedisUnavailable, connect, make_client, masked, open_redis, ping, start_embedded
+
+pytestmark = pytest.mark.redis
+
+
+def test_embedded_server_starts_with_aof_and_stops_on_close(tmp_path):
+    handle = start_embedded(tmp_path / "redis", appendonly=True)
+    assert handle.url == f"unix://{tmp_path / 'redis' / 'redis.sock'}"  # local clients use the Unix socket
+    assert handle.tcp_url.startswith("redis://127.0.0.1:") and ping(handle.tcp_url)
+    client = handle.client()
+    assert client.ping()
+    assert client.info("server")["redis_version"].startswith("6.2")
+    assert client.config_get("appendonly") == {"appendonly": "yes"}
+    assert client.config_get("appendfsync") == {"appendfsync": "always"}
+    pid = handle.pid
+    handle.close()
+    assert handle.pid is None and not ping(handle.url, timeout_s=0.3) and not ping(handle.tcp_url, timeout_s=0.3)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the process is gone, not just unreachable
+    assert (tmp_path / "redis" / "appendonly.aof").exists()
+
+
+def test_restart_after_sigkill_keeps_every_acknowledged_write(tmp_path):
+    with start_embedded(tmp_path / "redis", appendonly=True) as handle:
+        client = handle.client()
+        ids = [client.xadd("s", {"i": i}) for i in range(200)]
+        client.set("k", "v")
+        handle.restart(kill=True)  # a crash: no clean shutdown, only what the AOF fsynced survives
+        assert [entry_id for entry_id, _ in client.xrange("s")] == ids
+        assert client.get("k") == b"v"
+
+
+def test_a_data_dir_too_long_for_a_socket_address_puts_the_socket_elsewhere(tmp_path):
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    with start_embedded(deep, appendonly=False) as handle:
+        socket_path = handle.url.removeprefix("unix://")
+        assert len(socket_path) < 100 and not socket_path.startswith(str(deep))
+        handle.client().set("k", "v")
+        handle.restart()
+        assert handle.client().get("k") is None  # no AOF: a clean restart keeps nothing, but it is back up
+    assert not os.path.exists(socket_path) and not os.path.exists(os.path.dirname(socket_path))
+
+
+def test_embedded_without_data_dir_uses_a_temporary_one():
+    with start_embedded(appendonly=False) as handle:
+        data_dir = handle.data_dir
+        assert handle.client().config_get("appendonly") == {"appendonly": "no"}
+        assert data_dir.exists()
+    assert not data_dir.exists()
+
+
+def test_open_redis_prefers_config_url_then_env_then_embedded(monkeypatch, redis_url, tmp_path):
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens on port 1
+    with open_redis(RedisConfig(url=redis_url), tmp_path) as handle:
+        assert handle.url == redis_url and not handle.embedded
+    with pytest.raises(RedisUnavailable, match="127.0.0.1:1"):
+        open_redis(RedisConfig(), tmp_path)
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    with open_redis(RedisConfig(), tmp_path) as handle:
+        assert handle.url == redis_url and not handle.embedded
+    monkeypatch.delenv("REDIS_URL")
+    with open_redis(RedisConfig(appendonly=True), tmp_path / "run-redis") as handle:
+        assert handle.embedded and handle.client().ping()
+        assert (tmp_path / "run-redis" / "appendonly.aof").exists()
+
+
+def test_unreachable_url_is_a_clear_error_with_the_password_masked():
+    with pytest.raises(RedisUnavailable) as info:
+        connect("redis://:hunter2@127.0.0.1:1/0", timeout_s=0.5)
+    message = str(info.value)
+    assert message.startswith("cannot reach Redis at redis://:***@127.0.0.1:1/0")
+    assert "hunter2" not in message
+
+
+def test_url_forms():
+    with pytest.raises(ValueError, match="must start with redis://"):
+        make_client("http://127.0.0.1:6379")
+    tls = make_client("rediss://:pw@redis.example:6380/2")
+    assert tls.connection_pool.connection_class.__name__ == "SSLConnection"
+    assert tls.connection_pool.connection_kwargs["password"] == "pw"
+    assert tls.connection_pool.connection_kwargs["db"] == 2
+    unix = make_client("unix:///tmp/some.sock?db=1")
+    assert unix.connection_pool.connection_kwargs["path"] == "/tmp/some.sock"
+    assert "socket_keepalive" not in unix.connection_pool.connection_kwargs
+    assert masked("rediss://user:pw@h:1/0") == "rediss://user:***@h:1/0"
+    assert masked("redis://h:1/0") == "redis://h:1/0"
+
+
+def test_restart_refuses_an_external_server(redis_url):
+    with pytest.raises(RuntimeError, match="embedded"):
+        connect(redis_url).restart()
