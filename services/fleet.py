@@ -60,7 +60,7 @@ class RolloutClient:
                 raise TimeoutError(f"step {step}: {len(collector.missing)} of {len(collector.expected)} samples "
                                    f"not verified within rollout.step_timeout_s={r.step_timeout_s:g}s")
             deliveries = self.rewards.take(4096)
-            collector.offer_all(d.record for d in deliveries)
+            collector.offer_all(r for d in deliveries for r in d.records)
             self.rewards.ack(deliveries)
         self.dropped.update(collector.dropped())
         for queue in (self.requests, self.results, self.rewards):  # the batch is complete: trim its records

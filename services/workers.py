@@ -69,14 +69,15 @@ class RolloutService:
         start = time.perf_counter()
         outputs = self.engine.generate([unpack_tokens(r.prompt_token_ids).tolist() for r in reqs], params)
         share = (time.perf_counter() - start) / max(1, n * len(reqs))
-        records = [
-            RolloutResult(run=r.run, step=r.step, prompt_id=r.prompt_id, sample_index=g.sample_index,
-                          policy_version=version, prompt_token_ids=r.prompt_token_ids,
-                          token_ids=pack_tokens(g.token_ids), text=g.text, finish_reason=g.finish_reason,
-                          generation_seconds=share)
-            for r, gens in zip(reqs, outputs) for g in gens
+        groups = [  # one stream entry per request: its n samples travel together
+            [RolloutResult(run=r.run, step=r.step, prompt_id=r.prompt_id, sample_index=g.sample_index,
+                           policy_version=version, prompt_token_ids=r.prompt_token_ids,
+                           token_ids=pack_tokens(g.token_ids), text=g.text, finish_reason=g.finish_reason,
+                           generation_seconds=share) for g in gens]
+            for r, gens in zip(reqs, outputs)
         ]
-        self.requests.forward(deliveries, self.results, records)
+        self.requests.forward(deliveries, self.results, groups)
+        records = [rec for group in groups for rec in group]
         self.counts["samples"] += len(records)
         self.counts["tokens"] += sum(len(g.token_ids) for gens in outputs for g in gens)
         return len(records)
@@ -103,24 +104,28 @@ class VerifierService:
         deliveries = self.results.take(self.batch, block_ms=block_ms)
         if not deliveries:
             return 0
-        known = [d for d in deliveries if d.record.prompt_id in self.answers]
+        known = []
         for d in deliveries:
-            if d.record.prompt_id not in self.answers:  # no gold answer: a poison record, never a hang
-                self.results.fail(d, KeyError(f"no gold answer for prompt id {d.record.prompt_id!r}"))
-        to_score = [d for d in known if d.record.finish_reason != "length"]
-        outcomes = self.pool.score_batch([(d.record.text, self.answers[d.record.prompt_id]) for d in to_score])
-        verdict = {d.id: o for d, o in zip(to_score, outcomes)}
-        records = []
-        for d in known:
-            o = verdict.get(d.id)
-            reward = 0.0 if o is None else float(o.reward)  # truncated: 0 without a verdict (DESIGN 1.5)
-            records.append(RewardRecord.from_result(d.record, reward, 0.0 if o is None else o.seconds,
-                                                    bool(o is not None and o.timed_out)))
-            self.counts["timeouts"] += int(o is not None and o.timed_out)
-            self.counts["truncated"] += int(o is None)
-        self.results.forward(known, self.rewards, records)
-        self.counts["verified"] += len(records)
-        return len(records)
+            if all(r.prompt_id in self.answers for r in d.records):
+                known.append(d)
+            else:  # no gold answer: a poison record, retried then dead-lettered, never a hang
+                missing = next(r.prompt_id for r in d.records if r.prompt_id not in self.answers)
+                self.results.fail(d, KeyError(f"no gold answer for prompt id {missing!r}"))
+        to_score = [r for d in known for r in d.records if r.finish_reason != "length"]
+        outcomes = self.pool.score_batch([(r.text, self.answers[r.prompt_id]) for r in to_score])
+        verdict = {id(r): o for r, o in zip(to_score, outcomes)}
+        groups = [[self._reward(r, verdict.get(id(r))) for r in d.records] for d in known]
+        self.results.forward(known, self.rewards, groups)
+        return sum(len(g) for g in groups)
+
+    def _reward(self, result: RolloutResult, outcome) -> RewardRecord:
+        """The reward record of one result; truncated responses get 0 without a verdict (DESIGN 1.5)."""
+        self.counts["verified"] += 1
+        if outcome is None:
+            self.counts["truncated"] += 1
+            return RewardRecord.from_result(result, 0.0, 0.0, False)
+        self.counts["timeouts"] += int(outcome.timed_out)
+        return RewardRecord.from_result(result, float(outcome.reward), outcome.seconds, bool(outcome.timed_out))
 
 
 def serve_forever(service, stop: threading.Event, name: str, idle_block_ms: int = 200) -> None:

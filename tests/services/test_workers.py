@@ -45,7 +45,7 @@ def test_rollout_service_serves_its_version_only(redis_client, key_prefix, engin
         produced += service.serve_once(block_ms=50)
     assert produced == 5  # 3 + 2 samples, all of version 0
     consumer = WorkQueue(redis_client, results.stream, "verifier", "reader", block_ms=50)
-    got = [d.record for d in consumer.take(100)]
+    got = [r for d in consumer.take(100) for r in d.records]
     assert sorted((r.prompt_id, r.sample_index) for r in got) == [("old", 0), ("old", 1), ("p0", 0), ("p0", 1), ("p0", 2)]
     assert all(r.policy_version == 0 and len(r.token_ids) // 4 <= 4 for r in got)
 
@@ -72,7 +72,7 @@ def test_verifier_scores_and_zeroes_truncated(redis_client, key_prefix):
         assert service.serve_once(block_ms=100) == 4
     collector = StepCollector(key_prefix, 4, 2, {("a", 0), ("a", 1), ("b", 0), ("b", 1)})
     reader = WorkQueue(redis_client, rewards.stream, "coordinator", "c", block_ms=50)
-    collector.offer_all(d.record for d in reader.take(100))
+    collector.offer_all(r for d in reader.take(100) for r in d.records)
     assert collector.complete
     got = {(r.prompt_id, r.sample_index): r.reward for r in collector.batch()}
     assert got == {("a", 0): 1.0, ("a", 1): 0.0, ("b", 0): 1.0, ("b", 1): 0.0}  # truncated -> 0
@@ -90,7 +90,7 @@ def test_result_of_previous_policy_version_is_dropped_never_trained_on(redis_cli
 
     rewards.put([reward(0, version - 1), reward(0, version), reward(1, version), reward(1, version)])
     collector = StepCollector(key_prefix, step, version, {("p", 0), ("p", 1)})
-    collector.offer_all(d.record for d in rewards.take(100))
+    collector.offer_all(r for d in rewards.take(100) for r in d.records)
     assert collector.complete
     assert all(r.policy_version == version for r in collector.batch())
     assert collector.dropped()["stale_version"] == 1 and collector.dropped()["duplicates"] == 1
