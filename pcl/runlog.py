@@ -93,3 +93,34 @@ def format_step_line(r: dict, total_steps: int) -> str:
     if r.get("eval_accuracy") is not None:
         line += f"  eval_acc {r['eval_accuracy']:.3f}"
     return line
+
+
+def summarize(records: list[dict]) -> dict:
+    """A run's headline figures from its metrics records: held-out accuracy at step 0, at the end and at
+    best; mean effective ratio; V's explained variance (mean over the second half of training, where V has
+    had time to learn); mean step and generation seconds."""
+    import statistics
+
+    evals = [(r["step"], r["eval_accuracy"]) for r in records if r.get("eval_accuracy") is not None]
+    steps = [r for r in records if "effective_ratio" in r]
+    half = steps[len(steps) // 2:]
+
+    def mean(rows: list[dict], key: str) -> float | None:
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return statistics.fmean(vals) if vals else None
+
+    out = {
+        "steps": steps[-1]["step"] if steps else 0,
+        "eval_accuracy_start": evals[0][1] if evals else None,
+        "eval_accuracy_final": evals[-1][1] if evals else None,
+        "eval_accuracy_best": max(a for _, a in evals) if evals else None,
+        "effective_ratio_mean": mean(steps, "effective_ratio"),
+        "value_explained_variance_late": mean(half, "value_explained_variance"),
+        "step_seconds_mean": mean(steps, "step_seconds"),
+        "generation_seconds_mean": mean(steps, "generation_seconds"),
+        "selection_seconds_mean": mean(steps, "selection_seconds"),
+        "elapsed_seconds": steps[-1].get("elapsed_seconds") if steps else None,
+    }
+    if evals:
+        out["eval_gain_points"] = 100 * (out["eval_accuracy_final"] - out["eval_accuracy_start"])
+    return out

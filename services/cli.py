@@ -34,6 +34,27 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_summary(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from pcl.runlog import METRICS_FILE, read_metrics, summarize
+
+    rows = []
+    for run in args.run_dirs:
+        path = Path(run) / METRICS_FILE
+        if not path.is_file():
+            print(f"pcl: {run}: no {METRICS_FILE} here", file=sys.stderr)
+            return 2
+        rows.append((run, summarize(read_metrics(path))))
+    keys = list(rows[0][1])
+    width = max(len(k) for k in keys)
+    print(" " * width + "".join(f"  {r[:24]:>24}" for r, _ in rows))
+    for k in keys:
+        cells = "".join(f"  {'-' if s.get(k) is None else format(s[k], '.3f'):>24}" for _, s in rows)
+        print(f"{k:<{width}}{cells}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pcl", description="Prompt Curriculum Learning: RL post-training with value-model prompt selection.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -51,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory (default: the cache directory for the seed)")
     p.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
     p.set_defaults(func=_cmd_make_tiny)
+
+    p = sub.add_parser("summary", help="headline figures of finished or running runs, side by side")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.set_defaults(func=_cmd_summary)
 
     p = sub.add_parser("config", help="print the resolved config (file + overrides) as YAML")
     p.add_argument("config")

@@ -62,3 +62,17 @@ def test_metrics_log_is_strict_json_and_survives_a_torn_line(tmp_path):
     assert [r["step"] for r in read_metrics(log.path)] == [1]
     line = format_step_line({"step": 1, "effective_ratio": 0.5, "eval_accuracy": 0.25}, 10)
     assert "step    1/10" in line and "eff 0.50" in line and "eval_acc 0.250" in line
+
+
+def test_summary_of_a_run():
+    from pcl.runlog import summarize
+
+    records = [{"step": 0, "eval_accuracy": 0.2}]
+    records += [{"step": s, "effective_ratio": 0.5, "step_seconds": 2.0, "generation_seconds": 1.0,
+                 "selection_seconds": 0.1, "value_explained_variance": ev} for s, ev in [(1, -1.0), (2, 0.4), (3, 0.6)]]
+    records[-1]["eval_accuracy"] = 0.35
+    s = summarize(records)
+    assert s["steps"] == 3 and s["eval_accuracy_start"] == 0.2 and s["eval_accuracy_final"] == 0.35
+    assert s["eval_gain_points"] == pytest.approx(15.0)
+    assert s["value_explained_variance_late"] == pytest.approx(0.5)  # the second half: steps 2 and 3
+    assert s["effective_ratio_mean"] == 0.5
