@@ -22,7 +22,7 @@ demo: $(STAMP)
 	$(BIN)/pcl train configs/tiny.yaml --run-dir $(RUN_DIR)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -m "not slow and not gpu" -q
+	$(BIN)/python -m pytest -m "not slow" -q  # gpu tests run where a GPU is, else skip with the reason
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m "slow" -q
