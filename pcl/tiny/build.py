@@ -1,0 +1,316 @@
+"""Build the embedded default's tiny task and warm-started policy: `pcl make-tiny`.
+
+    path = build_tiny(seed=0)          # cached under $PCL_CACHE/tiny/seed-0 (default ~/.cache/pcl)
+    AutoModelForCausalLM.from_pretrained(path); AutoTokenizer.from_pretrained(path)
+
+A build writes, into a temporary directory renamed into place when complete:
+  config.json, model.safetensors, generation_config.json   the tiny Qwen3 policy (save_pretrained)
+  tokenizer.json, tokenizer_config.json                    the character-level tokenizer
+  train.jsonl, eval.jsonl                                  the task's splits (rows of pcl.tiny.task)
+  report.json                                              warm-up loss, measured pass rates, timings
+  COMPLETE                                                 the marker, written last
+The policy is warm-started by a short supervised run on the training split whose length is a step count
+(not wall time), so a seed gives the same weights on the same machine. The build then measures the
+policy's sampled pass rates on training prompts with the project's reward and reports their spread: the
+curriculum matters only if easy, intermediate and hard prompts all occur.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from pcl.tiny.task import LEVELS, format_prompt, make_dataset
+from pcl.tiny.tokenizer import build_tokenizer
+
+MARKER = "COMPLETE"
+TRAIN_SIZE = 4096  # rows in train.jsonl (the config's data.tiny_size default)
+EVAL_SIZE = 1024  # rows in eval.jsonl (covers data.eval_size)
+# Many small batches rather than fewer large ones at the same compute: the warm-up's plateau (before the
+# policy learns to align the units digits) ends after a number of updates, not of examples.
+WARMUP_STEPS = 1200
+WARMUP_BATCH = 64
+WARMUP_LR = 2e-3
+MEASURE_PROMPTS = 512
+MEASURE_SAMPLES = 16
+# One thread: CPU float reductions can depend on the thread count, so one fixed count keeps a seed's weights
+# the same on any machine, and the small warm-up batches gain little from a second thread while a busy
+# machine (Ray actors, other jobs) makes two threads slower than one.
+BUILD_THREADS = 1
+
+
+def cache_root() -> Path:
+    """$PCL_CACHE, or ~/.cache/pcl."""
+    return Path(os.environ.get("PCL_CACHE") or Path.home() / ".cache" / "pcl")
+
+
+def tiny_dir(seed: int = 0) -> Path:
+    """Where the tiny build for a seed is cached: $PCL_CACHE/tiny/seed-<seed>."""
+    return cache_root() / "tiny" / f"seed-{seed}"
+
+
+def is_complete(path: str | os.PathLike) -> bool:
+    """True when `path` holds a finished build (its marker file exists)."""
+    return (Path(path) / MARKER).is_file()
+
+
+def policy_config(tokenizer) -> "Qwen3Config":
+    """The tiny Qwen3 architecture: 4 layers, width 128, about 0.86 M parameters (tied embeddings).
+
+    Eight narrow heads rather than four wide ones: with more heads the warm-up finds the digit-alignment
+    attention sooner and more reliably across seeds, at the same parameter count.
+    """
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+        num_attention_heads=8, num_key_value_heads=8, head_dim=16, max_position_embeddings=64,
+        tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, attn_implementation="eager",
+    )
+
+
+def encode_for_training(rows: list[dict], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded `<bos> prompt answer <eos>` sequences and their labels, both [N, L] int64.
+
+    Labels are -100 except on the answer and its EOS: the warm-up teaches answering, not prompt statistics.
+    """
+    prompts = tokenizer([format_prompt(r["problem"]) for r in rows]).input_ids
+    answers = tokenizer([r["answer"] for r in rows], add_special_tokens=False).input_ids
+    targets = [answer + [tokenizer.eos_token_id] for answer in answers]
+    length = max(len(p) + len(t) for p, t in zip(prompts, targets))
+    pad = tokenizer.pad_token_id
+    input_ids = [p + t + [pad] * (length - len(p) - len(t)) for p, t in zip(prompts, targets)]
+    labels = [[-100] * len(p) + t + [-100] * (length - len(p) - len(t)) for p, t in zip(prompts, targets)]
+    return torch.tensor(input_ids), torch.tensor(labels)
+
+
+def warm_up(model, input_ids: torch.Tensor, labels: torch.Tensor, steps: int, batch_size: int, lr: float,
+            log: Callable[[str], None]) -> list[float]:
+    """Supervised warm-up: `steps` AdamW steps over consecutive batches of the (pre-shuffled) rows.
+
+    Linear warm-up for 5% of the steps, then cosine decay to 10% of lr. Returns the loss of every step.
+    """
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
+    warm = max(1, steps // 20)
+
+    def schedule(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        progress = (step - warm) / max(1, steps - warm)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    model.train()
+    losses = []
+    every, started = max(1, steps // 10), time.perf_counter()
+    for step in range(steps):
+        start = (step * batch_size) % input_ids.shape[0]
+        batch = slice(start, start + batch_size)
+        # Right padding only, so no attention mask is needed: pads sit after every real token.
+        loss = model(input_ids=input_ids[batch], labels=labels[batch]).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+        if (step + 1) % every == 0 or step + 1 == steps:
+            recent = losses[-every:]
+            log(f"  warm-up step {step + 1:5d}/{steps}  loss {sum(recent) / len(recent):.4f}"
+                f"  {time.perf_counter() - started:6.1f}s")
+    model.eval()
+    return losses
+
+
+def measure_pass_rates(model, tokenizer, rows: list[dict], samples: int, seed: int,
+                       batch_prompts: int = 128) -> list[float]:
+    """Per-prompt pass rate: the mean reward of `samples` responses sampled at temperature 1.
+
+    Batched HF generate with left padding; max_new_tokens is the batch's longest answer + 2, and a
+    response that does not end with EOS within it is truncated and scores 0 (DESIGN.md section 1, step 5).
+    """
+    from pcl.reward import math_reward
+
+    torch.manual_seed(seed)
+    rates = []
+    for start in range(0, len(rows), batch_prompts):
+        chunk = rows[start : start + batch_prompts]
+        encoded = tokenizer([format_prompt(r["problem"]) for r in chunk], padding=True, return_tensors="pt")
+        with torch.no_grad():
+            output = model.generate(
+                **encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=samples,
+                max_new_tokens=max(len(r["answer"]) for r in chunk) + 2,
+            )
+        responses = output[:, encoded.input_ids.shape[1] :].view(len(chunk), samples, -1)  # [prompts, n, T]
+        for row, row_responses in zip(chunk, responses):
+            rewards = []
+            for response in row_responses.tolist():
+                if tokenizer.eos_token_id not in response:
+                    rewards.append(0.0)  # truncated
+                    continue
+                text = tokenizer.decode(response[: response.index(tokenizer.eos_token_id)], skip_special_tokens=True)
+                rewards.append(math_reward(text, row["answer"]))
+            rates.append(sum(rewards) / samples)
+    return rates
+
+
+def summarize(rates: list[float], difficulties: list[int]) -> dict:
+    """The spread of pass rates: 10-bin histogram, mean, share in [0.1, 0.9], mean by difficulty level."""
+    histogram = [0] * 10
+    for rate in rates:
+        histogram[min(int(rate * 10 + 1e-9), 9)] += 1
+    by_level: dict[int, list[float]] = {}
+    for rate, level in zip(rates, difficulties):
+        by_level.setdefault(level, []).append(rate)
+    return {
+        "prompts": len(rates),
+        "mean": sum(rates) / len(rates),
+        "intermediate_share": sum(0.1 <= r <= 0.9 for r in rates) / len(rates),
+        "histogram": histogram,
+        "by_difficulty": {
+            str(level): {"name": LEVELS[level - 1].name, "prompts": len(v), "mean": sum(v) / len(v)}
+            for level, v in sorted(by_level.items())
+        },
+    }
+
+
+def format_report(report: dict) -> str:
+    """A human-readable summary of report.json's pass rates and timings."""
+    rates = report["pass_rates"]
+    peak = max(rates["histogram"]) or 1
+    lines = [f"pass rates over {rates['prompts']} training prompts ({MEASURE_SAMPLES} samples each, temperature 1):"]
+    for i, count in enumerate(rates["histogram"]):
+        lines.append(f"  [{i / 10:.1f}, {(i + 1) / 10:.1f}{']' if i == 9 else ')'} {count:5d} {'#' * round(40 * count / peak)}")
+    lines.append(f"  mean pass rate {rates['mean']:.3f}; share with 0.1 <= p <= 0.9: {rates['intermediate_share']:.1%}")
+    for level, stats in rates["by_difficulty"].items():
+        lines.append(f"  difficulty {level} ({stats['name']}): {stats['prompts']:4d} prompts, mean {stats['mean']:.3f}")
+    lines.append(
+        f"build {report['build_seconds']:.1f}s (warm-up {report['warmup_seconds']:.1f}s, measurement "
+        f"{report['measure_seconds']:.1f}s; {report['cpu_seconds']:.0f} CPU seconds; load average {report['load_average']:.2f})"
+    )
+    return "\n".join(lines)
+
+
+@contextmanager
+def deterministic_cpu(threads: int) -> Iterator[None]:
+    """Fixed thread count and deterministic kernels for the build; the caller's settings come back after."""
+    previous_threads = torch.get_num_threads()
+    previous_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous_threads)
+        torch.use_deterministic_algorithms(previous_deterministic)
+
+
+def _save_quietly(model, out: Path) -> None:
+    """save_pretrained without transformers' progress bar (a one-shard bar is noise in the build log)."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out)
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _tenths(values: list[float]) -> list[list[float]]:
+    """`values` cut into (at most) ten consecutive, non-empty parts."""
+    size = max(1, math.ceil(len(values) / 10))
+    return [values[i : i + size] for i in range(0, len(values), size)]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    with path.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def build_tiny(seed: int = 0, out_dir: str | os.PathLike | None = None, force: bool = False,
+               verbose: bool = False, steps: int = WARMUP_STEPS, measure_prompts: int = MEASURE_PROMPTS) -> Path:
+    """Build (or find cached) the tiny task, tokenizer and warm-started policy; returns its directory.
+
+    `steps` and `measure_prompts` default to the real build; tests pass smaller values.
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    if steps < 1 or measure_prompts < 1:
+        raise ValueError(f"steps ({steps}) and measure_prompts ({measure_prompts}) must be >= 1")
+    target = Path(out_dir) if out_dir is not None else tiny_dir(seed)
+    log = print if verbose else (lambda _msg: None)
+    if is_complete(target) and not force:
+        log(f"tiny build for seed {seed} already complete at {target}")
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
+    try:
+        _build_into(staging, seed, steps, measure_prompts, log)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log(f"tiny build written to {target}")
+    return target
+
+
+def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Callable[[str], None]) -> None:
+    """All of a build's files, the marker last."""
+    from transformers import GenerationConfig, Qwen3ForCausalLM
+
+    started, cpu_started = time.perf_counter(), time.process_time()
+    log(f"building the tiny task and policy (seed {seed}, {steps} warm-up steps, {BUILD_THREADS} threads)")
+    tokenizer = build_tokenizer()
+    tokenizer.save_pretrained(out)
+    train_rows = make_dataset(max(TRAIN_SIZE, steps * WARMUP_BATCH), seed, "train")
+    _write_jsonl(out / "train.jsonl", train_rows[:TRAIN_SIZE])
+    _write_jsonl(out / "eval.jsonl", make_dataset(EVAL_SIZE, seed, "eval"))
+    with deterministic_cpu(BUILD_THREADS):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(policy_config(tokenizer))
+        log(f"policy: Qwen3, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters")
+        input_ids, labels = encode_for_training(train_rows, tokenizer)
+        # A seeded shuffle, so batches mix levels and the train.jsonl rows are spread through the run.
+        order = torch.randperm(input_ids.shape[0], generator=torch.Generator().manual_seed(seed))
+        warm_started = time.perf_counter()
+        losses = warm_up(model, input_ids[order], labels[order], steps, WARMUP_BATCH, WARMUP_LR, log)
+        warmup_seconds = time.perf_counter() - warm_started
+        model.generation_config = GenerationConfig(
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0,
+        )
+        _save_quietly(model, out)
+        log(f"measuring pass rates: {MEASURE_SAMPLES} samples x {measure_prompts} training prompts")
+        measure_started = time.perf_counter()
+        rates = measure_pass_rates(model, tokenizer, train_rows[:measure_prompts], MEASURE_SAMPLES, seed=seed)
+        measure_seconds = time.perf_counter() - measure_started
+    summary = summarize(rates, [r["difficulty"] for r in train_rows[:measure_prompts]])
+    report = {
+        "seed": seed, "warmup_steps": steps, "warmup_batch": WARMUP_BATCH, "warmup_lr": WARMUP_LR,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
+        "loss_by_tenth": [round(sum(part) / len(part), 4) for part in _tenths(losses)], "pass_rates": summary,
+        "warmup_seconds": round(warmup_seconds, 2), "measure_seconds": round(measure_seconds, 2),
+        "build_seconds": round(time.perf_counter() - started, 2),
+        # CPU seconds of this process (all threads) and the load seen: on a shared machine wall time
+        # inflates, and cpu_seconds / threads estimates the wall time on idle cores.
+        "cpu_seconds": round(time.process_time() - cpu_started, 2), "load_average": round(os.getloadavg()[0], 2),
+    }
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    log(format_report(report))
+    (out / MARKER).write_text(f"seed {seed}\n")

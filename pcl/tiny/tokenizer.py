@@ -1,0 +1,46 @@
+"""The tiny task's character-level tokenizer: one token per digit, operator or '=', plus specials.
+
+    tokenizer = build_tokenizer()            # a transformers.PreTrainedTokenizerFast
+    tokenizer.save_pretrained(path)          # AutoTokenizer.from_pretrained(path) loads it back
+    tokenizer("12+345=").input_ids           # [bos, '1', '2', '+', '3', '4', '5', '=']
+
+Encoding prepends `<bos>` (a fixed first position for the tiny policy) and never appends `<eos>`, so an
+encoded prompt is ready for generation; the policy ends its answer with `<eos>` itself. Whitespace is
+dropped before tokenising, so "12 + 3 =" and "12+3=" encode alike. Decoding with
+`skip_special_tokens=True` gives the characters back joined without spaces ("407").
+Padding is on the left by default: the tokenizer's main client is batched generation.
+"""
+
+from __future__ import annotations
+
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+# The symbols of the task's problems and answers; '-' and '*' keep room for other operations.
+SYMBOLS = tuple("0123456789") + ("+", "-", "*", "=")
+VOCAB: dict[str, int] = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + SYMBOLS)}
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """The character-level tokenizer (18 tokens: 4 specials, 10 digits, '+', '-', '*', '=')."""
+    core = Tokenizer(models.WordLevel(vocab=dict(VOCAB), unk_token=UNK))
+    core.normalizer = normalizers.Replace(Regex(r"\s+"), "")
+    # Every character is its own pre-token, so the word-level model sees single characters.
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, VOCAB[BOS])]
+    )
+    # Fuse joins the decoded characters with nothing between them (the default joins with spaces).
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        padding_side="left",
+        model_max_length=64,
+        clean_up_tokenization_spaces=False,
+    )

@@ -1,0 +1,174 @@
+"""The tiny task: tokenizer, dataset, and the `pcl make-tiny` build (fast variant; the full one is `slow`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pcl.reward import math_reward
+from pcl.tiny import build
+from pcl.tiny.build import MARKER, build_tiny, summarize, tiny_dir
+from pcl.tiny.task import LEVELS, format_prompt, make_dataset, split_of
+from pcl.tiny.tokenizer import VOCAB, build_tokenizer
+
+# ---------------------------------------------------------------------------------------------------------
+# Tokenizer
+
+
+def test_tokenizer_round_trip_and_auto_load(tmp_path):
+    from transformers import AutoTokenizer
+
+    build_tokenizer().save_pretrained(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(tokenizer) == 18
+    assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 1, 2)
+    # <bos> first, one id per character, no <eos> appended to a prompt; whitespace is dropped.
+    assert tokenizer("12+345=").input_ids == [1, 5, 6, 14, 7, 8, 9, 17]
+    assert tokenizer(" 12 + 345 = ").input_ids == tokenizer("12+345=").input_ids
+    answer = tokenizer("357", add_special_tokens=False).input_ids + [tokenizer.eos_token_id, 0, 0]
+    assert tokenizer.decode(answer, skip_special_tokens=True) == "357"
+    assert tokenizer.decode(tokenizer("9*8-7=").input_ids, skip_special_tokens=True) == "9*8-7="
+    assert tokenizer("7x").input_ids == [1, VOCAB["7"], VOCAB["<unk>"]]
+
+
+def test_tokenizer_pads_on_the_left_for_generation():
+    batch = build_tokenizer()(["1+2=", "12+3="], padding=True)
+    assert batch.input_ids[0] == [0, 1, 5, 14, 6, 17]
+    assert batch.attention_mask[0] == [0, 1, 1, 1, 1, 1]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Task
+
+
+def test_dataset_rows_are_correct_additions_with_their_level():
+    rows = make_dataset(300, seed=1, split="train")
+    assert rows[7]["id"] == "tiny-train-000007"
+    for row in rows:
+        a, b = row["problem"].split("+")
+        assert row["answer"] == str(int(a) + int(b))
+        assert sorted((len(a), len(b))) == sorted(LEVELS[row["difficulty"] - 1])
+        assert math_reward(row["answer"], row["answer"]) == 1.0
+    assert {row["difficulty"] for row in rows} == set(range(1, len(LEVELS) + 1))
+    assert format_prompt("12+345") == "12+345="
+
+
+def test_dataset_is_deterministic_and_prefix_stable():
+    first = make_dataset(500, seed=3, split="eval")
+    assert make_dataset(500, seed=3, split="eval") == first
+    assert make_dataset(200, seed=3, split="eval") == first[:200]
+    assert make_dataset(500, seed=4, split="eval") != first
+
+
+def test_train_and_eval_splits_are_disjoint():
+    def pairs(rows):
+        return {tuple(sorted(int(x) for x in r["problem"].split("+"))) for r in rows}
+
+    train, held_out = pairs(make_dataset(4000, 0, "train")), pairs(make_dataset(1000, 0, "eval"))
+    assert train and held_out and not train & held_out
+    assert split_of(3, 5) == split_of(5, 3)
+
+
+def test_training_problems_are_unique_while_a_level_has_unused_ones():
+    rows = [r for r in make_dataset(2000, 0, "train") if r["difficulty"] >= 3]
+    assert len({r["problem"] for r in rows}) == len(rows)
+
+
+@pytest.mark.parametrize(
+    "size, seed, split, message",
+    [(-1, 0, "train", "size"), (10, 0, "test", "split"), (10, "0", "train", "seed"), (True, 0, "train", "size")],
+)
+def test_bad_dataset_arguments_are_named(size, seed, split, message):
+    with pytest.raises(ValueError, match=message):
+        make_dataset(size, seed, split)
+    with pytest.raises(ValueError, match="problem"):
+        format_prompt("")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Build
+
+
+def test_summarize_pins_histogram_mean_and_intermediate_share():
+    rates = [0.0, 0.0625, 0.1, 0.5, 0.9, 0.9375, 1.0, 0.25]
+    summary = summarize(rates, [1, 1, 2, 2, 3, 3, 3, 7])
+    assert summary["histogram"] == [2, 1, 1, 0, 0, 1, 0, 0, 0, 3]
+    assert summary["mean"] == pytest.approx(3.75 / 8)
+    assert summary["intermediate_share"] == pytest.approx(4 / 8)  # 0.1, 0.5, 0.9, 0.25
+    assert summary["by_difficulty"]["3"] == {"name": "2+2 digits", "prompts": 3, "mean": pytest.approx(2.8375 / 3)}
+
+
+def test_tiny_dir_follows_pcl_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("PCL_CACHE", str(tmp_path))
+    assert tiny_dir(5) == tmp_path / "tiny" / "seed-5"
+
+
+@pytest.fixture(scope="module")
+def quick_builds(tmp_path_factory) -> tuple[Path, Path]:
+    """Two quick builds (3 warm-up steps, 8 measured prompts) of the same seed in different directories."""
+    root = tmp_path_factory.mktemp("tiny_builds")
+    return tuple(build_tiny(seed=2, out_dir=root / name, steps=3, measure_prompts=8) for name in ("a", "b"))
+
+
+def test_quick_build_loads_and_generates(quick_builds):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = quick_builds[0]
+    for name in (MARKER, "report.json", "train.jsonl", "eval.jsonl", "config.json", "tokenizer.json"):
+        assert (path / name).is_file(), name
+    assert not [p for p in path.parent.iterdir() if ".building-" in p.name]  # staging dirs are gone
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert model.config.model_type == "qwen3" and 0.5e6 < model.num_parameters() < 10e6
+    rows = [json.loads(line) for line in (path / "train.jsonl").read_text().splitlines()]
+    assert len(rows) == build.TRAIN_SIZE and rows == make_dataset(build.TRAIN_SIZE, 2, "train")
+    encoded = tokenizer([format_prompt(r["problem"]) for r in rows[:4]], padding=True, return_tensors="pt")
+    output = model.generate(**encoded, do_sample=True, max_new_tokens=6)
+    assert output.shape[0] == 4 and output.shape[1] > encoded.input_ids.shape[1]
+    report = json.loads((path / "report.json").read_text())
+    assert report["warmup_steps"] == 3 and report["pass_rates"]["prompts"] == 8
+    assert sum(report["pass_rates"]["histogram"]) == 8
+
+
+def test_build_is_deterministic_for_a_seed(quick_builds):
+    from safetensors.torch import load_file
+
+    first, second = (load_file(path / "model.safetensors") for path in quick_builds)
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[name], second[name]) for name in first)
+    reports = [json.loads((path / "report.json").read_text()) for path in quick_builds]
+    assert reports[0]["final_loss"] == reports[1]["final_loss"]
+    assert reports[0]["pass_rates"] == reports[1]["pass_rates"]
+
+
+def test_complete_build_is_reused_unless_forced(quick_builds, capsys):
+    path = quick_builds[0]
+    before = (path / MARKER).stat().st_mtime_ns
+    assert build_tiny(seed=2, out_dir=path, steps=3, measure_prompts=8) == path
+    assert (path / MARKER).stat().st_mtime_ns == before
+    assert capsys.readouterr().out == ""  # verbose=False prints nothing
+    build_tiny(seed=2, out_dir=path, steps=3, measure_prompts=8, force=True, verbose=True)
+    assert (path / MARKER).stat().st_mtime_ns != before
+    assert "warm-up step" in capsys.readouterr().out
+
+
+def test_bad_build_arguments_are_named(tmp_path):
+    with pytest.raises(ValueError, match="seed"):
+        build_tiny(seed=-1, out_dir=tmp_path)
+    with pytest.raises(ValueError, match="steps"):
+        build_tiny(seed=0, out_dir=tmp_path, steps=0)
+
+
+@pytest.mark.slow
+def test_full_build_spreads_pass_rates(tmp_path):
+    """The real build: at least 30% of prompts with 0.1 <= p <= 0.9 and a mean pass rate in [0.2, 0.7]."""
+    report = json.loads((build_tiny(seed=0, out_dir=tmp_path / "tiny") / "report.json").read_text())
+    rates = report["pass_rates"]
+    assert rates["prompts"] == 512
+    assert rates["intermediate_share"] >= 0.30, rates
+    assert 0.2 <= rates["mean"] <= 0.7, rates
+    by_level = rates["by_difficulty"]
+    assert by_level["1"]["mean"] > 0.8 and by_level["7"]["mean"] < 0.2, by_level  # easy and hard both occur
