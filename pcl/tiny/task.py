@@ -1,12 +1,13 @@
 """The tiny synthetic task: additions of 1- to 4-digit numbers, graded by difficulty.
 
     rows = make_dataset(4096, seed=0, split="train")
-    rows[0]   # {"id": "tiny-train-000000", "problem": "47+8", "answer": "55", "difficulty": 2}
-    format_prompt(rows[0]["problem"])   # "47+8=": the text the policy sees; it answers "55" then EOS
+    rows[0]   # {"id": "tiny-train-000000", "problem": "127+28", "answer": "155", "difficulty": 4}
+    format_prompt(rows[0]["problem"])   # "127+28=": the text the policy sees; it answers "155" then EOS
 
 Difficulty levels are the operand sizes (`LEVELS`): level 1 adds two 1-digit numbers, level 7 two
-4-digit numbers. A partly trained policy solves low levels almost always and high levels almost never,
-with the levels between spread over intermediate pass rates: the prompts a curriculum should pick.
+4-digit numbers. The warm-started tiny policy solves level 1 about 90% of the time and levels 6-7 about
+20%, with most prompts of the levels between at intermediate pass rates: the prompts a curriculum
+should pick. (Operands of unequal length are a little harder than their level suggests.)
 
 Train and eval splits are disjoint by construction: an unordered operand pair belongs to exactly one
 split, decided by a hash that depends on neither seed nor size (so "3+5" and "5+3" share a split).
@@ -36,8 +37,8 @@ class Level(NamedTuple):
 LEVELS: tuple[Level, ...] = (
     Level(1, 1), Level(2, 1), Level(2, 2), Level(3, 2), Level(3, 3), Level(4, 3), Level(4, 4),
 )
-# Share of each level in a dataset (same order as LEVELS); weighted towards the middle levels so that a
-# warm-started policy has many prompts of intermediate pass rate, and easy and hard ones at both ends.
+# Share of each level in a dataset (same order as LEVELS); weighted towards the middle and upper levels so
+# that the warm-started policy has many prompts of intermediate pass rate, and easy and hard ones too.
 LEVEL_WEIGHTS: tuple[float, ...] = (0.05, 0.10, 0.15, 0.20, 0.20, 0.15, 0.15)
 SPLITS = ("train", "eval")
 # One in EVAL_SHARE_INVERSE operand pairs belongs to the eval split.
