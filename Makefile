@@ -5,8 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN_DIR ?= runs/demo
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo -n)
 
-.PHONY: demo test test-slow test-all bench install clean
+.PHONY: demo test test-slow test-all test-tools bench experiment install clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,14 +22,29 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/pcl train configs/tiny.yaml --run-dir $(RUN_DIR)
 
-test: $(STAMP)
+test: $(STAMP) test-tools
 	$(BIN)/python -m pytest -m "not slow" -q  # gpu tests run where a GPU is, else skip with the reason
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m "slow" -q
 
-test-all: $(STAMP)
+test-all: $(STAMP) test-tools
 	$(BIN)/python -m pytest -q
+
+# The dashboard test drives Debian's headless Chromium and the monitoring test a real Prometheus; installed here
+# when missing and apt is available. Without them those tests skip, naming what is missing.
+test-tools:
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null || ! command -v prometheus >/dev/null; then \
+	  if command -v apt-get >/dev/null; then \
+	    ($(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends chromium chromium-driver prometheus) \
+	      || echo "make: chromium / prometheus not installed: the dashboard and Prometheus tests will skip"; \
+	  fi; \
+	fi
+
+# All six selection strategies on the tiny task, 2 seeds, same budget: docs/results/tiny-compare.md (~1 hour).
+experiment: $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[experiment]'
+	$(BIN)/pcl experiment configs/experiments/tiny-compare.yaml
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

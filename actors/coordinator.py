@@ -1,9 +1,10 @@
 """The coordinator actor: drives training one step at a time, exactly as DESIGN.md section 1 reads.
 
 It owns no model. Each step it asks the sampler for candidates, the value scorer for their predicted pass
-rates, lets the selection strategy choose, sends the chosen prompts to the rollout fleet through the request
-stream, collects exactly one verified sample per (prompt, sample index) from the reward stream, has the learner
-group take one optimizer step, syncs the new weights to the fleet, trains V, and appends the step's metrics to
+rates, lets the selection strategy choose (in as many generation rounds as the strategy asks for: see
+`pcl.strategies.base`), sends the chosen prompts to the rollout fleet through the request stream, collects
+exactly one verified sample per (prompt, sample index) from the reward stream, has the learner group take one
+optimizer step, syncs the new weights to the fleet, trains V, and appends the step's metrics to
 `RUN_DIR/metrics.jsonl`.
 """
 
@@ -11,17 +12,23 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import ray
 
-from pcl.batch import Sample, group_samples, training_sequences
+from pcl.batch import group_samples, training_sequences
 from pcl.config import Config
 from pcl.data import PromptRecord
 from pcl.rl import effective_ratio, explained_variance
+from pcl.rounds import RoundLedger
 from pcl.runlog import MetricsLog
-from pcl.strategies import make_strategy
+from pcl.strategies import Request, make_strategy
+from pcl.strategies.reference import REFERENCE_FILE, load_reference, pass_rates, save_reference
+
+REFERENCE_CHUNK = 1024  # prompts per generation call of the reference pass
 
 
 class StepTimer(dict):
@@ -36,10 +43,26 @@ class StepTimer(dict):
             self[name] = self.get(name, 0.0) + time.perf_counter() - start
 
 
+@dataclass
+class StepBatch:
+    """What a step's rounds produced: every sample (the ledger), the strategy's batch, V's scores, the probe."""
+
+    ledger: RoundLedger
+    prompts: list[PromptRecord] = field(default_factory=list)  # the m prompts trained on, in order
+    values: dict[str, float] = field(default_factory=dict)  # V(x) of every scored candidate, by prompt id
+    probe_ids: list[str] = field(default_factory=list)  # the unfiltered probe of V's explained variance
+    probe_rates: list[float] = field(default_factory=list)  # their realised pass rates, in the same order
+
+    @property
+    def ids(self) -> list[str]:
+        return [p.id for p in self.prompts]
+
+
 @ray.remote(num_cpus=0, max_restarts=0)
 class Coordinator:
     def __init__(self, cfg: dict, run_dir: str, fleet: dict, eval_prompts: list[PromptRecord]):
         from services.fleet import RolloutClient  # noqa: PLC0415 - keeps redis out of import time
+        from services.run_control import RunControl  # noqa: PLC0415
 
         self.cfg = Config.model_validate(cfg)
         self.run_dir = run_dir
@@ -47,46 +70,47 @@ class Coordinator:
         self.learners, self.workers = fleet["learners"], fleet["rollout_workers"]
         self.rollouts = RolloutClient(self.cfg, fleet["redis_url"])
         self.eval_prompts = eval_prompts
-        self.strategy = make_strategy(self.cfg.selection, self.cfg.run.m, self.cfg.run.seed)
+        self.strategy = make_strategy(self.cfg.selection, self.cfg.run.m, self.cfg.run.seed, n=self.cfg.run.n)
         self.log = MetricsLog(run_dir)
         self.rng = np.random.default_rng(self.cfg.run.seed + 7919)
         self.policy_version = 0
         self.probes: list[tuple[np.ndarray, np.ndarray]] = []  # (V, p) of recent unfiltered probes
+        self.prefetched: tuple[list[PromptRecord], Any] | None = None  # next step's candidates, V's scores (ref)
+        self.reference: dict[str, float] | None = None  # initial policy's pass rate by prompt id (when known)
+        self.prefetch_hits = 0  # steps whose candidates were drawn and scored during the previous step
         self.step = 0
+        self.control = RunControl.for_coordinator(self.cfg, fleet)  # pause, tau / k, status, heartbeat
+        self.checkpoint_requested = self.control.checkpoint_requested  # -> pending request id or None
 
     # -- the algorithm ---------------------------------------------------------------------------------------
 
     def train_step(self, step: int) -> dict[str, Any]:
-        """One PCL step (DESIGN 1.1-1.8); returns the step's metrics record."""
-        cfg, timer = self.cfg, StepTimer()
-        m, n = cfg.run.m, cfg.run.n
+        """One step (DESIGN 1.1-1.8) with the configured selection strategy; returns the step's metrics record."""
+        m, n, timer = self.cfg.run.m, self.cfg.run.n, StepTimer()
         with timer("step_seconds"):
-            with timer("selection_seconds"):
-                candidates = ray.get(self.sampler.sample.remote(self.strategy.pool_size))  # 1. k*m candidates
-                values = self.score(candidates)  # 2. V(x), prompt only
-                chosen = self.strategy.select(values, m)  # 3. the m closest to tau
-            selected = [candidates[i] for i in chosen]
-            probe = self.choose_probe(candidates, chosen)
-            with timer("generation_seconds"):  # 4-5. n responses each, verified
-                samples = self.rollouts.generate(step, self.policy_version, selected + probe["extra"], n)
-            groups = group_samples([s for s in samples if s.prompt_id in {p.id for p in selected}],
-                                   [p.id for p in selected], n)
+            self.prepare_reference(timer)  # once: the initial policy's pass rates, where the strategy needs them
+            batch = self.collect_batch(step, timer)  # 1-5. candidates, V, selection, verified responses
+            groups = group_samples(batch.ledger.samples_of(batch.ids), batch.ids, n)
             with timer("train_seconds"):  # 6-7. group-mean advantages, one policy-gradient step; 8. train V
-                value_ref = self.train_value(selected, groups.pass_rates)
+                value_ref = self.train_value(batch.prompts, groups.pass_rates)
                 sequences = training_sequences(groups)
                 learn = self.learners.train(sequences, global_count=m * n)
                 value_stats = ray.get(value_ref) if value_ref is not None else {}
             with timer("weight_sync_seconds"):
                 self.sync_weights(self.policy_version + 1)
-        record = {
+        return {
             "step": step + 1,
             "policy_version": self.policy_version,
             "effective_ratio": effective_ratio(_tensor(groups.rewards)),
             "train_reward_mean": float(groups.rewards.mean()),
             **timer,
-            "selected_value_mean": float(np.mean(values[chosen])) if values is not None else None,
-            "value_explained_variance": self.probe_explained_variance(probe, samples, values),
+            "selected_value_mean": _mean([batch.values[i] for i in batch.ids if i in batch.values]),
+            "value_explained_variance": self.probe_explained_variance(batch),
             "selected_pass_rate_mean": float(groups.pass_rates.mean()),
+            "selected_reference_pass_rate_mean": _mean([self.reference[i] for i in batch.ids if i in self.reference]),
+            "generation_rounds": batch.ledger.rounds,
+            "samples_generated": batch.ledger.generated,
+            "prefetch_hits": self.prefetch_hits,
             "grad_norm": learn.get("grad_norm"),
             "policy_loss": learn.get("loss"),
             "train_sequences": len(sequences),
@@ -94,16 +118,42 @@ class Coordinator:
             **self.strategy.metrics(),
             **self.rollouts.counters(),
         }
-        return record
+
+    def collect_batch(self, step: int, timer: StepTimer) -> StepBatch:
+        """DESIGN 1.1-1.5 in the rounds the strategy asks for, all generated by this step's policy: draw (and
+        score) candidates, let the strategy choose what to generate, generate and verify, show it the rewards;
+        until its batch is ready. Sample indices continue across rounds (the ledger), so records never collide."""
+        strategy, batch = self.strategy, StepBatch(RoundLedger())
+        strategy.begin_step(step)
+        while not strategy.ready:
+            with timer("selection_seconds"):
+                candidates, values = self.candidates(strategy.next_request())  # 1-2. candidates, V(x)
+                rollouts = strategy.propose(candidates, values)  # 3. e.g. the m closest to tau
+                probe = self.choose_probe(candidates, values, rollouts, batch)
+                if strategy.pipelined:
+                    self.prefetch_candidates()  # the next step's, scored while this one generates
+            with timer("generation_seconds"):  # 4-5. responses, verified
+                wanted = batch.ledger.reserve([(r.prompt, r.n) for r in rollouts] +
+                                              [(p, self.cfg.run.n) for p in probe])
+                samples = self.rollouts.generate_rollouts(step, self.policy_version, wanted)
+            batch.ledger.add(samples)
+            rewards = batch.ledger.round_rewards(samples)
+            batch.probe_rates += [float(rewards[i].mean()) for i in batch.probe_ids[len(batch.probe_rates):]]
+            strategy.observe({r.prompt.id: rewards[r.prompt.id] for r in rollouts})
+        batch.prompts = strategy.finish_step()
+        return batch
 
     def run(self) -> dict[str, Any]:
         """Evaluate at step 0, then train until run.steps (or the time budget); returns a summary."""
         cfg = self.cfg
         start = time.monotonic()
         if cfg.run.eval_every:
-            self.log.append({"step": 0, "eval_accuracy": self.evaluate(0), "policy_version": self.policy_version})
+            first = {"step": 0, "eval_accuracy": self.evaluate(0), "policy_version": self.policy_version}
+            self.log.append(first)
+            self.control.publish(first, self.policy_version)
         steps_done = 0
         for step in range(self.step, cfg.run.steps):
+            start += self.control.at_step_boundary(step, self.strategy)  # blocks while paused; pauses aren't budget
             if cfg.run.time_budget_s and time.monotonic() - start > cfg.run.time_budget_s:
                 break
             record = self.train_step(step)
@@ -111,17 +161,33 @@ class Coordinator:
                 record["eval_accuracy"] = self.evaluate(step + 1)
             record["elapsed_seconds"] = time.monotonic() - start
             self.log.append(record)
+            self.control.publish(record, self.policy_version)
             self.step = step + 1
             steps_done += 1
+        self.control.finish(self.step)
         return {"steps": self.step, "steps_this_run": steps_done, "seconds": time.monotonic() - start}
 
     # -- the pieces ------------------------------------------------------------------------------------------
 
-    def score(self, candidates: list[PromptRecord]) -> np.ndarray | None:
-        """V's predicted pass rate of every candidate, when the strategy needs them."""
-        if not self.strategy.needs_values:
-            return None
-        return np.asarray(ray.get(self.scorer.score.remote([c.prompt_token_ids for c in candidates])))
+    def candidates(self, request: Request) -> tuple[list[PromptRecord], np.ndarray | None]:
+        """A round's fresh candidates and, when asked, V's predicted pass rates (prompt only): the ones drawn and
+        scored during the previous step when they fit the request (pipelined selection), else drawn now."""
+        prefetched, self.prefetched = self.prefetched, None
+        if prefetched is not None and request.score and len(prefetched[0]) == request.draw:
+            self.prefetch_hits += 1
+            return prefetched[0], np.asarray(ray.get(prefetched[1]))
+        if request.draw == 0:
+            return [], None
+        candidates = ray.get(self.sampler.sample.remote(request.draw))
+        if not request.score:
+            return candidates, None
+        return candidates, np.asarray(ray.get(self.scorer.score.remote([c.prompt_token_ids for c in candidates])))
+
+    def prefetch_candidates(self) -> None:
+        """Draw the next step's candidates now and have V score them while this step generates. V then scores
+        them before it trains on this step's results: one update staler than without pipelining."""
+        candidates = ray.get(self.sampler.sample.remote(self.strategy.pool_size))
+        self.prefetched = (candidates, self.scorer.score.remote([c.prompt_token_ids for c in candidates]))
 
     def train_value(self, selected: list[PromptRecord], pass_rates: np.ndarray):
         """Start V's step on the selected prompts (DESIGN 1.8); runs beside the policy step."""
@@ -129,27 +195,56 @@ class Coordinator:
             return None
         return self.scorer.train.remote([p.prompt_token_ids for p in selected], pass_rates.tolist())
 
-    def choose_probe(self, candidates: list[PromptRecord], chosen: np.ndarray) -> dict:
-        """A random, unfiltered sample of the candidates, rolled out to measure V's explained variance."""
-        size = min(self.cfg.value.ev_sample, len(candidates)) if self.strategy.needs_values else 0
-        idx = np.sort(self.rng.choice(len(candidates), size=size, replace=False)) if size else np.array([], int)
-        chosen_set = set(int(i) for i in chosen)
-        return {"indices": idx, "ids": [candidates[i].id for i in idx],
-                "extra": [candidates[i] for i in idx if int(i) not in chosen_set]}
+    def choose_probe(self, candidates: list[PromptRecord], values: np.ndarray | None, rollouts: list,
+                     batch: StepBatch) -> list[PromptRecord]:
+        """A random, unfiltered sample of the scored candidates (once a step), rolled out with n responses to
+        measure V's explained variance; returns those the strategy is not generating already."""
+        if values is None or batch.probe_ids or not len(candidates):
+            return []
+        batch.values.update({c.id: float(v) for c, v in zip(candidates, values)})
+        size = min(self.cfg.value.ev_sample, len(candidates))
+        idx = np.sort(self.rng.choice(len(candidates), size=size, replace=False)) if size else []
+        batch.probe_ids = [candidates[i].id for i in idx]
+        generating = {r.prompt.id for r in rollouts}
+        return [candidates[i] for i in idx if candidates[i].id not in generating]
 
-    def probe_explained_variance(self, probe: dict, samples: list[Sample], values: np.ndarray | None) -> float | None:
+    def probe_explained_variance(self, batch: StepBatch) -> float | None:
         """1 - Var(p - V)/Var(p) over the probes of the last few steps (a single step's 32 are noisy)."""
-        if values is None or len(probe["indices"]) == 0:
+        if not batch.probe_ids:
             return None
-        rewards: dict[str, list[float]] = {}
-        for s in samples:
-            rewards.setdefault(s.prompt_id, []).append(s.reward)
-        p = np.array([np.mean(rewards[pid]) for pid in probe["ids"]])
-        self.probes = (self.probes + [(values[probe["indices"]], p)])[-4:]
+        v = np.array([batch.values[i] for i in batch.probe_ids])
+        self.probes = (self.probes + [(v, np.array(batch.probe_rates))])[-4:]
         v_all = np.concatenate([v for v, _ in self.probes])
         p_all = np.concatenate([q for _, q in self.probes])
         ev = explained_variance(_tensor(p_all), _tensor(v_all))
         return None if not np.isfinite(ev) else float(ev)
+
+    def prepare_reference(self, timer: StepTimer) -> None:
+        """Once, before the first step: the initial policy's pass rate of every training prompt, from n_pre
+        rollouts each, when the strategy filters on them (prefilter); read from the run directory's cache, or
+        generated and cached. A cache already there (the experiment runner writes one) is read whatever the
+        strategy, so every run reports the reference difficulty of the prompts it selected."""
+        if self.reference is not None:
+            return
+        n_pre, path = self.strategy.reference_rollouts, Path(self.run_dir) / REFERENCE_FILE
+        self.reference = {}
+        if not n_pre and not path.exists():
+            return
+        prompts = ray.get(self.sampler.records.remote())
+        rates = load_reference(path, self.cfg.model.path, prompts, n_pre or None)
+        if rates is None and n_pre:
+            if self.policy_version != 0:
+                raise RuntimeError(f"{path}: no reference pass rates for these prompts with n_pre={n_pre}, and "
+                                   f"the initial policy is gone (policy version {self.policy_version})")
+            with timer("reference_seconds"):  # in chunks, so the streams never hold the whole set at once
+                rates = {}
+                for start in range(0, len(prompts), REFERENCE_CHUNK):
+                    chunk = [(p, n_pre, 0) for p in prompts[start:start + REFERENCE_CHUNK]]
+                    rates.update(pass_rates(self.rollouts.generate_rollouts(0, 0, chunk, tag="reference")))
+            save_reference(path, self.cfg.model.path, prompts, n_pre, rates)
+        self.reference = rates or {}
+        if n_pre:
+            self.strategy.load_reference(self.reference)
 
     def sync_weights(self, version: int) -> None:
         """Push the learner's new weights to every rollout worker; from here on they serve `version`."""
@@ -164,6 +259,10 @@ class Coordinator:
         samples = self.rollouts.generate(step, self.policy_version, self.eval_prompts, self.cfg.run.eval_samples,
                                          temperature=self.cfg.run.eval_temperature, evaluation=True)
         return float(np.mean([s.reward for s in samples]))
+
+
+def _mean(values: list[float]) -> float | None:
+    return float(np.mean(values)) if values else None
 
 
 def _tensor(a):

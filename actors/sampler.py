@@ -38,6 +38,10 @@ class PromptSamplerActor:
         """The next `count` distinct prompts of the shuffled stream (crossing epochs as needed)."""
         return [self.prompts[i] for i in draw_distinct(self.sampler, count)]
 
+    def records(self) -> list[PromptRecord]:
+        """The whole training set, in dataset order (the reference pass rates cover every prompt)."""
+        return self.prompts
+
     def state_dict(self) -> dict[str, Any]:
         return self.sampler.state_dict()
 

@@ -119,20 +119,25 @@ class SpeedSelection(Section):
     """SPEED: n_init screening rollouts for k*m prompts, n - n_init more for the accepted ones."""
 
     type: Literal["speed"] = "speed"
-    k: int = Field(4, ge=1)
-    n_init: int = Field(4, ge=1, description="Screening rollouts per candidate.")
-    max_rounds: int = Field(4, ge=1)
+    k: int = Field(4, ge=1, description="Candidates screened per round, as a multiple of m.")
+    n_init: int = Field(4, ge=1, description="Screening rollouts per candidate (below run.n).")
+    max_rounds: int = Field(4, ge=2, description="Generation rounds per step (screening and continuation batched "
+                            "together); the last continues the best available when fewer than m were accepted.")
 
 
 class GresoSelection(Section):
     """GRESO: skip prompts that were all-correct / all-wrong, with adaptive probabilities."""
 
     type: Literal["greso"] = "greso"
-    p_easy: float = Field(0.5, ge=0, le=1, description="Initial probability of skipping an all-correct prompt.")
-    p_hard: float = Field(0.5, ge=0, le=1, description="Initial probability of skipping an all-wrong prompt.")
-    delta_p: float = Field(0.01, gt=0, le=1, description="Adaptation step of p_easy / p_hard.")
-    target_zero_variance: float = Field(0.25, ge=0, le=1, description="Target share of zero-variance prompts.")
-    max_rounds: int = Field(4, ge=1)
+    p_easy: float = Field(0.5, ge=0, le=1, description="Initial exploration probability of a prompt that was "
+                          "all-correct: after s such steps in a row it is rolled out with probability p_easy**s.")
+    p_hard: float = Field(0.5, ge=0, le=1, description="Initial exploration probability of an all-wrong prompt "
+                          "(likewise p_hard**s).")
+    delta_p: float = Field(0.01, gt=0, le=1, description="Adaptation step of p_easy / p_hard per step.")
+    target_zero_variance: float = Field(0.25, ge=0, le=1, description="Target share of zero-variance prompts "
+                                        "among those rolled out (a third all-correct, two thirds all-wrong).")
+    k: int = Field(1, ge=1, description="Candidates drawn in a step's first round, as a multiple of m.")
+    max_rounds: int = Field(4, ge=1, description="Generation rounds before the batch is filled with the best available.")
 
 
 Selection = Annotated[

@@ -3,11 +3,16 @@
 
     pcl make-tiny [--seed 0] [--out DIR]                  build the embedded default's tiny task and model
     pcl train CONFIG [--run-dir DIR] [--resume [DIR]] [key=value ...]
+    pcl control --redis-url URL (--run NAME | --config CONFIG) [key=value ...]   serve a run's control plane
+    pcl status [--url URL] [--json]                        a run's status, as a table
+    pcl probe-batch CONFIG [--sizes B,...] [--repeats R] [key=value ...]   generation time over batch sizes
+    pcl experiment CONFIG [--report-only]                   a strategy comparison and its report
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -55,6 +60,58 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_control(args: argparse.Namespace) -> int:
+    from pcl.config import ConfigError, load_config
+
+    cfg = load_config(args.config, args.overrides)  # the defaults when no --config
+    if not (args.run or args.config):
+        raise ConfigError("pcl control needs --run NAME (the run's run.name) or --config CONFIG")
+    url = args.redis_url or cfg.redis.url or os.environ.get("REDIS_URL")
+    if not url:
+        raise ConfigError("pcl control needs --redis-url (or REDIS_URL, or redis.url in --config)")
+    from services.control_plane import serve_forever
+
+    return serve_forever(cfg.control, url, args.run or cfg.run.name)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from services.control_plane import fetch_status, format_status
+
+    try:
+        status = fetch_status(args.url)
+    except OSError as exc:
+        print(f"pcl: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=2) if args.json else format_status(status))
+    return 0
+
+
+def _cmd_probe_batch(args: argparse.Namespace) -> int:
+    from pcl.config import ConfigError, load_config
+
+    cfg = load_config(args.config, args.overrides)
+    try:
+        sizes = [int(b) for b in args.sizes.split(",")] if args.sizes else None
+    except ValueError:
+        raise ConfigError(f"--sizes {args.sizes!r}: expected comma-separated integers, e.g. 64,128,256") from None
+    from services.probe_batch import probe_batch
+
+    return probe_batch(cfg, sizes, args.repeats)
+
+
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    from services.experiment import load_experiment, run_experiment
+
+    if args.report_only:
+        from services.experiment_report import write_report
+
+        print(f"pcl: report written to {write_report(load_experiment(args.config))}")
+        return 0
+    return run_experiment(args.config)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pcl", description="Prompt Curriculum Learning: RL post-training with value-model prompt selection.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -76,6 +133,31 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("summary", help="headline figures of finished or running runs, side by side")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     p.set_defaults(func=_cmd_summary)
+
+    p = sub.add_parser("control", help="serve a run's control plane (API, /metrics, dashboard) from its Redis")
+    p.add_argument("--redis-url", help="the run's Redis (default: redis.url of --config, or REDIS_URL)")
+    p.add_argument("--run", help="run name (run.name); default: that of --config")
+    p.add_argument("--config", help="the run's YAML config, for run.name, redis.url and control.*")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. control.port=8601 control.host=0.0.0.0")
+    p.set_defaults(func=_cmd_control)
+
+    p = sub.add_parser("status", help="a running run's status, from its control plane, as a table")
+    p.add_argument("--url", default=os.environ.get("PCL_CONTROL_URL", "http://127.0.0.1:8600"),
+                   help="control plane URL (default $PCL_CONTROL_URL or http://127.0.0.1:8600)")
+    p.add_argument("--json", action="store_true", help="print the raw JSON instead of a table")
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("probe-batch", help="generation time over batch sizes b = m*n: the knee and the recommended b")
+    p.add_argument("config", help="YAML run config (its fleet, model and run.n are used)")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    p.add_argument("--sizes", help="comma-separated batch sizes b, multiples of run.n (default: 8n, 16n, ..., 1024n)")
+    p.add_argument("--repeats", type=int, default=2, help="timed calls per size; the median counts (default 2)")
+    p.set_defaults(func=_cmd_probe_batch)
+
+    p = sub.add_parser("experiment", help="run a strategy comparison and write its report (table and plots)")
+    p.add_argument("config", help="experiment config, e.g. configs/experiments/tiny-compare.yaml")
+    p.add_argument("--report-only", action="store_true", help="rebuild the report from the runs already there")
+    p.set_defaults(func=_cmd_experiment)
 
     p = sub.add_parser("config", help="print the resolved config (file + overrides) as YAML")
     p.add_argument("config")

@@ -107,12 +107,17 @@ class RolloutRequest:
     n: int  # samples to generate for this prompt
     policy_version: int  # weights the samples must come from; a worker never serves another version
     sampling: SamplingParams  # temperature, top-p, top-k, length limit, seed
+    # Sample index of the first of the n samples (they are first_index .. first_index + n - 1): a prompt asked
+    # for again in a later generation round of the same step continues its indices, so no two rounds' records
+    # share an idempotency key.
+    first_index: int = 0
 
     def __post_init__(self) -> None:
         _check_packed("prompt_token_ids", self.prompt_token_ids)
-        if self.step < 0 or self.n < 1 or self.policy_version < 0:
-            raise PayloadError(f"RolloutRequest for prompt {self.prompt_id!r}: step ({self.step}) and "
-                               f"policy_version ({self.policy_version}) must be >= 0 and n ({self.n}) >= 1")
+        if self.step < 0 or self.n < 1 or self.policy_version < 0 or self.first_index < 0:
+            raise PayloadError(f"RolloutRequest for prompt {self.prompt_id!r}: step ({self.step}), "
+                               f"policy_version ({self.policy_version}) and first_index ({self.first_index}) "
+                               f"must be >= 0 and n ({self.n}) >= 1")
 
     @property
     def key(self) -> RecordKey:
@@ -126,7 +131,7 @@ class RolloutResult:
     run: str  # run name, copied from the request
     step: int  # training step, copied from the request
     prompt_id: str  # dataset row id, copied from the request
-    sample_index: int  # which of the request's n samples this is, 0..n-1
+    sample_index: int  # which of the request's n samples this is: first_index .. first_index + n - 1
     policy_version: int  # weights that generated it (equal to the request's)
     prompt_token_ids: bytes  # the prompt, packed uint32, so the learner needs nothing else
     token_ids: bytes  # the generated response, packed uint32
@@ -206,10 +211,10 @@ class _Codec:
         return self.build(args)
 
     def build(self, args: list) -> Record:
-        if self.cls is RolloutRequest:  # the last five arguments are the sampling parameters
-            *head, temperature, top_p, top_k, max_new_tokens, seed = args
+        if self.cls is RolloutRequest:  # five sampling parameters, then first_index
+            *head, temperature, top_p, top_k, max_new_tokens, seed, first_index = args
             sampling = SamplingParams(temperature, top_p, top_k, max_new_tokens, None if seed < 0 else seed)
-            return RolloutRequest(*head, sampling)
+            return RolloutRequest(*head, sampling, first_index)
         return self.cls(*args)
 
 
@@ -220,7 +225,7 @@ _CODECS = {
     RolloutRequest: _Codec(RolloutRequest, 1, [
         ("run", "s"), ("step", "q"), ("prompt_id", "s"), ("prompt_token_ids", "b"), ("n", "q"),
         ("policy_version", "q"), ("sampling.temperature", "d"), ("sampling.top_p", "d"), ("sampling.top_k", "q"),
-        ("sampling.max_new_tokens", "q"), ("sampling.wire_seed", "q")]),
+        ("sampling.max_new_tokens", "q"), ("sampling.wire_seed", "q"), ("first_index", "q")]),
     RolloutResult: _Codec(RolloutResult, 2, _RESULT_LAYOUT),
     RewardRecord: _Codec(RewardRecord, 3, _RESULT_LAYOUT + [("reward", "d"), ("verifier_seconds", "d"),
                                                              ("timed_out", "?")]),

@@ -55,13 +55,18 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     from pcl.data import load_prompts
     from pcl.strategies import make_strategy
 
-    make_strategy(cfg.selection, cfg.run.m, cfg.run.seed)  # an unavailable strategy fails here, not mid-run
+    try:  # a strategy that does not fit the run fails here, not mid-run
+        make_strategy(cfg.selection, cfg.run.m, cfg.run.seed, n=cfg.run.n)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     out = Path(run_dir or cfg.run.run_dir or f"runs/{cfg.run.name}")
     if resume is None and (out / "metrics.jsonl").exists():
         raise ConfigError(f"run dir {str(out)!r} already holds a run: pass --resume to continue it, "
                           f"or choose another --run-dir")
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.yaml").write_text(dump_config(cfg))
+    # control.token is a secret: it stays out of the run directory (a resumed run takes it from PCL_API_TOKEN)
+    (out / "config.yaml").write_text(dump_config(cfg.model_copy(update={"control": cfg.control.model_copy(
+        update={"token": None})})))
 
     policy = resolve_model_path(cfg.model.path, "model.path")
     value = resolve_model_path(cfg.value.path, "value.path") if cfg.value.path else policy
@@ -98,8 +103,9 @@ def start_ray() -> bool:
     return True
 
 
-def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=sys.stdout) -> dict:
+def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None) -> dict:
     """Print each new metrics line as the coordinator writes it, with a progress bar, until it finishes."""
+    stream = stream or sys.stdout  # looked up now: sys.stdout may have been replaced since import
     import ray
     from tqdm import tqdm
 
@@ -132,6 +138,7 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     """Train to completion; returns the process exit code."""
     import ray
 
+    from services.control_plane import DriverControl
     from services.fleet import start_fleet
     from services.redis_server import open_redis
 
@@ -141,9 +148,12 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
           f"m={cfg.run.m} n={cfg.run.n}  {len(prep.train_prompts)} train / {len(prep.eval_prompts)} eval prompts",
           flush=True)
     redis = open_redis(cfg.redis, prep.run_dir / "redis")
-    own_ray = start_ray()
-    fleet = None
+    control, own_ray, fleet = None, False, None
     try:
+        # Control state in Redis (reset for a fresh run) and, with control.enabled, the control plane.
+        control = DriverControl(cfg, redis.url, prep.run_dir, k_max=len(prep.train_prompts) // cfg.run.m,
+                                fresh=resume is None, tools_url=redis.tcp_url)
+        own_ray = start_ray()
         fleet = start_fleet(cfg, prep, redis.url)
         print(f"pcl: actors up in {time.perf_counter() - started:.1f}s; training", flush=True)
         summary = follow(fleet.coordinator.run.remote(), prep.run_dir, cfg.run.steps)
@@ -152,9 +162,15 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
         print(f"pcl: done: {summary['steps']} steps in {summary['total_seconds']:.0f}s; "
               f"metrics in {prep.run_dir / 'metrics.jsonl'}", flush=True)
         return 0
+    except BaseException as exc:
+        if control is not None:
+            control.failed(exc)
+        raise
     finally:
         if fleet is not None:
             fleet.stop()
+        if control is not None:
+            control.close()
         if own_ray:
             ray.shutdown()
         redis.close()

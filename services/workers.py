@@ -70,7 +70,8 @@ class RolloutService:
         outputs = self.engine.generate([unpack_tokens(r.prompt_token_ids).tolist() for r in reqs], params)
         share = (time.perf_counter() - start) / max(1, n * len(reqs))
         groups = [  # one stream entry per request: its n samples travel together
-            [RolloutResult(run=r.run, step=r.step, prompt_id=r.prompt_id, sample_index=g.sample_index,
+            [RolloutResult(run=r.run, step=r.step, prompt_id=r.prompt_id,
+                           sample_index=r.first_index + g.sample_index,
                            policy_version=version, prompt_token_ids=r.prompt_token_ids,
                            token_ids=pack_tokens(g.token_ids), text=g.text, finish_reason=g.finish_reason,
                            generation_seconds=share) for g in gens]

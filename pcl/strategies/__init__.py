@@ -1,94 +1,57 @@
-"""Selection strategies: which m prompts of the step's candidates are trained on.
+"""Selection strategies: which prompts each step trains on, as stateful plugins behind one interface.
 
-    strategy = make_strategy(cfg.selection, m=cfg.run.m, seed=cfg.run.seed)
-    pool = strategy.pool_size                        # candidates to draw from the sampler (k*m for PCL)
-    chosen = strategy.select(values, m)              # indices into the candidates; values is None unless needs_values
+    strategy = make_strategy(cfg.selection, m=cfg.run.m, seed=cfg.run.seed, n=cfg.run.n)
 
-Every strategy keeps its state in `state_dict()` / `load_state_dict()` and reports `metrics()`.
+The round protocol (`begin_step`, `next_request`, `propose`, `observe`, `ready`, `finish_step`) is described
+in `pcl.strategies.base`; every strategy keeps its state in `state_dict()` / `load_state_dict()` and reports
+`metrics()`. One module per strategy:
+
+    uniform            plain GRPO: m prompts from the sampler
+    prefilter          reference-policy pass rates, keep p_low < p < p_high, then uniform
+    dynamic_sampling   DAPO: roll out k*m, keep 0 < p < 1, repeat (bounded)
+    speed              SPEED: n_init screening rollouts, n - n_init more for the accepted
+    greso              GRESO: dynamic sampling that skips prompts with all-equal reward histories
+    pcl                the value model picks the m of k*m candidates closest to tau
 """
 
 from __future__ import annotations
 
-from typing import Any
+from pcl.config import (
+    DynamicSamplingSelection,
+    GresoSelection,
+    PCLSelection,
+    PrefilterSelection,
+    SpeedSelection,
+    UniformSelection,
+)
+from pcl.strategies.base import Request, Rollout, Strategy
+from pcl.strategies.dynamic_sampling import DynamicSamplingStrategy
+from pcl.strategies.greso import GresoStrategy
+from pcl.strategies.prefilter import PrefilterStrategy
+from pcl.strategies.prompt_curriculum import PCLStrategy
+from pcl.strategies.speed import SpeedStrategy
+from pcl.strategies.uniform import UniformStrategy
 
-import numpy as np
-
-from pcl.config import PCLSelection, UniformSelection
-from pcl.selection import select_closest
-
-
-class Strategy:
-    """The interface every selection strategy implements."""
-
-    name: str = "base"
-    needs_values: bool = False  # whether `select` needs the value model's scores of the candidates
-
-    def __init__(self, m: int):
-        self.m = m
-
-    @property
-    def pool_size(self) -> int:
-        """How many candidates the sampler draws each step."""
-        return self.m
-
-    def select(self, values: np.ndarray | None, m: int) -> np.ndarray:
-        raise NotImplementedError
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        pass
-
-    def metrics(self) -> dict[str, float]:
-        return {}
+__all__ = ["Request", "Rollout", "Strategy", "make_strategy", "UniformStrategy", "PCLStrategy", "PrefilterStrategy",
+           "DynamicSamplingStrategy", "SpeedStrategy", "GresoStrategy"]
 
 
-class UniformStrategy(Strategy):
-    """Plain GRPO: the sampler's m candidates are already a uniform random draw; train on all of them."""
+def make_strategy(selection, m: int, seed: int = 0, *, n: int) -> Strategy:
+    """The strategy object for a `selection` config section, for m prompts of n responses per step.
 
-    name = "uniform"
-
-    def select(self, values: np.ndarray | None, m: int) -> np.ndarray:
-        return np.arange(m, dtype=np.int64)
-
-
-class PCLStrategy(Strategy):
-    """PCL (DESIGN 1.1-1.3): score k*m candidates with V, keep the m closest to tau.
-
-    tau and k may change between steps (the control plane sets them); the next step uses the new values.
+    Raises ValueError naming the keys when the section does not fit the run (for example speed's n_init >= n).
     """
-
-    name = "pcl"
-    needs_values = True
-
-    def __init__(self, m: int, tau: float, k: int):
-        super().__init__(m)
-        self.tau, self.k = tau, k
-
-    @property
-    def pool_size(self) -> int:
-        return self.k * self.m
-
-    def select(self, values: np.ndarray | None, m: int) -> np.ndarray:
-        if values is None:
-            raise ValueError("the pcl strategy needs the value model's scores of the candidates")
-        return select_closest(values, m, self.tau)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"tau": self.tau, "k": self.k}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.tau, self.k = float(state["tau"]), int(state["k"])
-
-    def metrics(self) -> dict[str, float]:
-        return {"tau": self.tau, "k": float(self.k)}
-
-
-def make_strategy(selection, m: int, seed: int = 0) -> Strategy:
-    """The strategy object for a `selection` config section."""
-    if isinstance(selection, PCLSelection):
-        return PCLStrategy(m, selection.tau, selection.k)
-    if isinstance(selection, UniformSelection):
-        return UniformStrategy(m)
-    raise NotImplementedError(f"selection.type={selection.type!r} is not available in this build")
+    s = selection
+    if isinstance(s, PCLSelection):
+        return PCLStrategy(m, n, s.tau, s.k, s.pipelined)
+    if isinstance(s, UniformSelection):
+        return UniformStrategy(m, n)
+    if isinstance(s, PrefilterSelection):
+        return PrefilterStrategy(m, n, s.n_pre, s.p_low, s.p_high)
+    if isinstance(s, DynamicSamplingSelection):
+        return DynamicSamplingStrategy(m, n, s.k, s.max_rounds)
+    if isinstance(s, SpeedSelection):
+        return SpeedStrategy(m, n, s.k, s.n_init, s.max_rounds)
+    if isinstance(s, GresoSelection):
+        return GresoStrategy(m, n, s.k, s.max_rounds, s.p_easy, s.p_hard, s.delta_p, s.target_zero_variance, seed)
+    raise ValueError(f"selection.type={getattr(s, 'type', s)!r} is not a known strategy")

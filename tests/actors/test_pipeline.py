@@ -36,7 +36,7 @@ def test_pcl_trains_end_to_end_and_records_every_step(untrained_tiny, tmp_path, 
     cfg = load_config("configs/tiny.yaml", [
         f"model.path={model}", f"value.path={model}", "run.steps=3", "run.m=8", "run.n=4", "run.eval_every=2",
         "data.eval_size=16", "data.tiny_size=256", "selection.k=2", "value.ev_sample=4", "learner.num_ranks=2",
-        "run.time_budget_s=null"])
+        "run.time_budget_s=null", "control.port=0"])
     assert run_training(cfg, run_dir=str(tmp_path / "run")) == 0
 
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")

@@ -47,6 +47,13 @@ def test_request_round_trip_with_and_without_seed():
         assert back.key == RecordKey("tiny", 4, "row-9", -1, 4)
 
 
+def test_request_first_index_round_trips_and_must_not_be_negative():
+    request = RolloutRequest("tiny", 4, "row-9", pack_tokens([3]), 12, 4, SamplingParams(), first_index=4)
+    assert decode(encode(request)).first_index == 4 and decode(encode(request)) == request
+    with pytest.raises(PayloadError, match="first_index"):
+        RolloutRequest("tiny", 4, "row-9", pack_tokens([3]), 12, 4, SamplingParams(), first_index=-1)
+
+
 def test_result_and_reward_round_trip():
     result = make_result(text="ünïcode ∑ answer \\boxed{4}")
     assert decode(encode(result)) == result

@@ -94,3 +94,22 @@ def test_result_of_previous_policy_version_is_dropped_never_trained_on(redis_cli
     assert collector.complete
     assert all(r.policy_version == version for r in collector.batch())
     assert collector.dropped()["stale_version"] == 1 and collector.dropped()["duplicates"] == 1
+
+
+def test_a_later_round_continues_sample_indices_and_never_collides_with_the_first(redis_client, key_prefix, engine):
+    """Two generation rounds of one step ask for the same prompt: the second round's request carries
+    first_index, so its samples are indices 3..4, and a late duplicate of round one is not collected."""
+    requests, results, _ = queues(redis_client, key_prefix, "w")
+    service = RolloutService(engine, requests, results)
+    first = request(key_prefix, 2, "p", 0, n=3)
+    second = RolloutRequest(key_prefix, 2, "p", pack_tokens([5, 6, 7]), 2, 0, first.sampling, first_index=3)
+    requests.put([first, second])
+    while service.serve_once(block_ms=50):
+        pass
+    reader = WorkQueue(redis_client, results.stream, "verifier", "reader", block_ms=50)
+    got = [r for d in reader.take(100) for r in d.records]
+    assert sorted(r.sample_index for r in got) == [0, 1, 2, 3, 4]
+    round_two = StepCollector(key_prefix, 2, 0, {("p", 3), ("p", 4)})
+    round_two.offer_all(got + got)  # round one's records, and every record delivered twice
+    assert round_two.complete and [r.sample_index for r in round_two.batch()] == [3, 4]
+    assert round_two.dropped()["unexpected"] == 6 and round_two.dropped()["duplicates"] == 2

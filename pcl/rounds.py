@@ -1,0 +1,62 @@
+"""The generation rounds of one training step: which sample indices each prompt has used, and every sample.
+
+A selection strategy may generate more than once within a step, always with the step's policy version:
+dynamic sampling and GRESO roll out fresh prompts until enough are informative, SPEED screens prompts with a
+few rollouts and continues the accepted ones. The ledger gives each request the next free sample indices of
+its prompt, so the records of two rounds never share an idempotency key (run, step, prompt id, sample index,
+policy version), and assembles the step's batch from all rounds:
+
+    ledger = RoundLedger()
+    requests = ledger.reserve([(prompt, 4), (other, 8)])    # -> [(prompt, 4, 0), (other, 8, 0)]
+    ledger.add(rollouts.generate_rollouts(step, version, requests))
+    ledger.reserve([(prompt, 12)])                           # -> [(prompt, 12, 4)]: indices 4..15
+    ledger.round_rewards(samples)                            # {prompt id: rewards of this round, by index}
+    ledger.samples_of(["p-1", "p-7"])                        # every sample of those prompts, all rounds
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from pcl.batch import Sample
+
+
+class RoundLedger:
+    def __init__(self) -> None:
+        self.next_index: Counter[str] = Counter()  # prompt id -> first sample index not yet asked for
+        self.samples: dict[str, list[Sample]] = {}  # prompt id -> its samples so far, every round
+        self.rounds = 0  # generation rounds that asked for at least one sample
+        self.generated = 0  # samples collected, all rounds (screening, probes and the batch)
+
+    def reserve(self, rollouts: Iterable[tuple[object, int]]) -> list[tuple[object, int, int]]:
+        """(prompt, n) -> (prompt, n, first_index), first_index the prompt's next free sample index."""
+        out = []
+        for prompt, n in rollouts:
+            first = self.next_index[prompt.id]
+            self.next_index[prompt.id] = first + n
+            out.append((prompt, n, first))
+        return out
+
+    def add(self, samples: Sequence[Sample]) -> None:
+        """Record one round's samples."""
+        if samples:
+            self.rounds += 1
+        self.generated += len(samples)
+        for s in samples:
+            self.samples.setdefault(s.prompt_id, []).append(s)
+
+    @staticmethod
+    def round_rewards(samples: Sequence[Sample]) -> dict[str, np.ndarray]:
+        """prompt id -> float64[n] rewards of this round's samples of the prompt, in sample-index order."""
+        by_prompt: dict[str, list[Sample]] = {}
+        for s in samples:
+            by_prompt.setdefault(s.prompt_id, []).append(s)
+        return {pid: np.array([s.reward for s in sorted(group, key=lambda s: s.sample_index)], dtype=np.float64)
+                for pid, group in by_prompt.items()}
+
+    def samples_of(self, prompt_ids: Iterable[str]) -> list[Sample]:
+        """Every sample of these prompts collected this step, from all rounds."""
+        return [s for pid in prompt_ids for s in self.samples.get(pid, [])]

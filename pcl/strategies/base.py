@@ -1,0 +1,193 @@
+"""The interface every selection strategy implements, and the pieces several of them share.
+
+A strategy decides, within one training step, what work to ask for and when the batch is ready. The
+coordinator drives it in rounds, all generated with the step's policy version:
+
+    strategy.begin_step(step)
+    while not strategy.ready:
+        request = strategy.next_request()                   # Request(draw=..., score=...)
+        candidates = sampler.sample(request.draw)           # fresh candidates (none when draw == 0)
+        values = scorer.score(candidates) if request.score else None
+        rollouts = strategy.propose(candidates, values)     # [Rollout(prompt, n)]: what to generate now
+        strategy.observe(rewards_by_prompt_id)              # this round's rewards of those prompts
+    prompts = strategy.finish_step()                        # the m prompts to train on, in order
+
+The strategy never sees Ray, Redis or a model: it holds plain `PromptRecord`s and reward arrays, so each is
+unit-tested on its own. It keeps what must survive a restart in `state_dict()` / `load_state_dict()` (JSON
+types only) and reports its figures in `metrics()`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from pcl.data import PromptRecord
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the coordinator should do at the start of a round."""
+
+    draw: int = 0  # fresh candidates to draw from the prompt sampler (0: none this round)
+    score: bool = False  # whether the value model scores the drawn candidates
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """Generate n more responses for one prompt in this round (sample indices continue across rounds)."""
+
+    prompt: PromptRecord
+    n: int
+
+
+class Strategy:
+    """The base of every selection strategy: the round protocol and the per-step bookkeeping."""
+
+    name: str = "base"
+    needs_values: bool = False  # whether the value model scores candidates (and is trained on the batch)
+    reference_rollouts: int = 0  # n_pre: rollouts per training prompt with the initial policy, before step 1
+    pipelined: bool = False  # whether the next step's candidates may be drawn and scored during this step
+
+    def __init__(self, m: int, n: int):
+        if m < 1 or n < 1:
+            raise ValueError(f"a selection strategy needs run.m >= 1 and run.n >= 1, got m={m}, n={n}")
+        self.m, self.n = m, n
+        self.step = -1
+        self.round = 0  # rounds of this step so far
+
+    # -- the round protocol ----------------------------------------------------------------------------
+
+    def begin_step(self, step: int) -> None:
+        """Forget the previous step's work; `step` is 0-based."""
+        self.step, self.round = step, 0
+
+    @property
+    def ready(self) -> bool:
+        """Whether `finish_step` can return the batch."""
+        raise NotImplementedError
+
+    def next_request(self) -> Request:
+        """Candidates to draw (and score) for the next round."""
+        raise NotImplementedError
+
+    def propose(self, candidates: Sequence[PromptRecord], values: np.ndarray | None) -> list[Rollout]:
+        """Given this round's fresh candidates (and V's scores when requested): what to generate now."""
+        raise NotImplementedError
+
+    def observe(self, rewards: Mapping[str, np.ndarray]) -> None:
+        """This round's verified rewards of the proposed prompts: prompt id -> float[n of this round]."""
+        self.round += 1
+
+    def finish_step(self) -> list[PromptRecord]:
+        """The step's batch: m prompts whose samples (from all rounds) are trained on, in order."""
+        raise NotImplementedError
+
+    # -- state and figures -----------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+
+def zero_variance(rewards: np.ndarray) -> bool:
+    """True when every response got the same reward: the group's advantages are all zero (no gradient)."""
+    return bool(np.all(rewards == rewards[0])) if len(rewards) else True
+
+
+def pool_draw(wanted: int, share: float, cap: int) -> int:
+    """Candidates to draw so that about `wanted` pass a filter that passes `share` of them, within [1, cap]."""
+    return int(min(cap, max(1, math.ceil(wanted / max(share, 1e-3)))))
+
+
+class RolloutFilter(Strategy):
+    """Post-rollout filtering in bounded rounds, the engine of dynamic sampling (DAPO) and GRESO.
+
+    Each round draws candidates, rolls out n responses for every one that `admit` lets through (and that
+    this step has not generated yet), and keeps the prompts whose rewards are not all equal, until m are
+    kept. When `max_rounds` is reached first, the batch is filled with the best available, the zero-variance
+    groups already generated (they add no gradient, but the batch keeps its m*n size), and the number filled
+    is counted as the shortfall: a step never fails for lack of informative prompts.
+    """
+
+    def __init__(self, m: int, n: int, k: int, max_rounds: int):
+        super().__init__(m, n)
+        if k < 1 or max_rounds < 1:
+            raise ValueError(f"selection.k ({k}) and selection.max_rounds ({max_rounds}) must be >= 1")
+        self.k, self.max_rounds = k, max_rounds
+        self.kept: list[PromptRecord] = []
+        self.rejected: list[PromptRecord] = []
+        self.pending: dict[str, PromptRecord] = {}  # proposed this round, rewards not yet observed
+        self.seen: set[str] = set()
+        self.totals = {"shortfall": 0, "rollout_prompts": 0}
+        self.last: dict[str, float] = {}
+
+    def begin_step(self, step: int) -> None:
+        super().begin_step(step)
+        self.kept, self.rejected, self.pending, self.seen = [], [], {}, set()
+
+    @property
+    def ready(self) -> bool:
+        return len(self.kept) >= self.m or self.round >= self.max_rounds
+
+    def next_request(self) -> Request:
+        return Request(draw=self.round_size())
+
+    def round_size(self) -> int:
+        """k*m, and in the last round at least enough fresh prompts (beyond those this step has seen, which a
+        draw across an epoch boundary can repeat) to fill the batch."""
+        if self.round < self.max_rounds - 1:
+            return self.k * self.m
+        missing = self.m - len(self.kept) - len(self.rejected)
+        return max(self.k * self.m, missing + len(self.seen) if missing > 0 else 0)
+
+    def admit(self, candidates: Sequence[PromptRecord]) -> list[PromptRecord]:
+        """The candidates worth rolling out (all of them here; GRESO skips predicted zero-variance ones)."""
+        return list(candidates)
+
+    def propose(self, candidates: Sequence[PromptRecord], values: np.ndarray | None) -> list[Rollout]:
+        fresh = [c for c in candidates if c.id not in self.seen]
+        self.seen.update(c.id for c in fresh)
+        chosen = self.admit(fresh)
+        self.pending = {c.id: c for c in chosen}
+        return [Rollout(c, self.n) for c in chosen]
+
+    def observe(self, rewards: Mapping[str, np.ndarray]) -> None:
+        for pid, prompt in self.pending.items():
+            if pid not in rewards:
+                raise ValueError(f"{self.name}: no rewards observed for proposed prompt {pid!r}")
+            (self.rejected if zero_variance(rewards[pid]) else self.kept).append(prompt)
+        self.totals["rollout_prompts"] += len(self.pending)
+        self.pending = {}
+        super().observe(rewards)
+
+    def finish_step(self) -> list[PromptRecord]:
+        if not self.ready:
+            raise RuntimeError(f"{self.name}: finish_step before the batch is ready")
+        shortfall = max(0, self.m - len(self.kept))
+        if shortfall > len(self.rejected):
+            raise RuntimeError(f"{self.name}: only {len(self.kept) + len(self.rejected)} prompts were generated in "
+                               f"{self.round} rounds, fewer than run.m={self.m}; is the training set smaller than m?")
+        self.totals["shortfall"] += shortfall
+        generated = len(self.kept) + len(self.rejected)
+        self.last = {"rounds": float(self.round), "shortfall": float(shortfall),
+                     "kept_share": len(self.kept) / generated if generated else 0.0}
+        return self.kept[: self.m] + self.rejected[:shortfall]
+
+    def metrics(self) -> dict[str, float]:
+        return {f"{self.name}_{key}": value for key, value in self.last.items()} | {
+            f"{self.name}_shortfall_total": float(self.totals["shortfall"])}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"totals": dict(self.totals)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.totals = {key: int(value) for key, value in state.get("totals", self.totals).items()}

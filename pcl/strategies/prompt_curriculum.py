@@ -1,0 +1,65 @@
+"""PCL (`selection.type: pcl`, DESIGN 1.1-1.3): V scores k*m candidates, the m closest to tau are rolled out.
+
+tau and k are plain attributes: the control plane changes them between steps and the next step uses the new
+values. With `pipelined`, the coordinator draws and scores step t+1's candidates while step t generates (V
+is then one more update behind the policy when it scores them).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from pcl.data import PromptRecord
+from pcl.selection import select_closest
+from pcl.strategies.base import Request, Rollout, Strategy
+
+
+class PCLStrategy(Strategy):
+    name = "pcl"
+    needs_values = True
+
+    def __init__(self, m: int, n: int, tau: float, k: int, pipelined: bool = False):
+        super().__init__(m, n)
+        self.tau, self.k, self.pipelined = tau, k, pipelined
+        self.batch: list[PromptRecord] = []
+        self.selected_values = np.zeros(0)
+
+    @property
+    def pool_size(self) -> int:
+        """Candidates scored each step: k*m."""
+        return self.k * self.m
+
+    def begin_step(self, step: int) -> None:
+        super().begin_step(step)
+        self.batch = []
+
+    @property
+    def ready(self) -> bool:
+        return self.round >= 1
+
+    def next_request(self) -> Request:
+        return Request(draw=self.pool_size, score=True)
+
+    def propose(self, candidates: Sequence[PromptRecord], values: np.ndarray | None) -> list[Rollout]:
+        if values is None:
+            raise ValueError("the pcl strategy needs the value model's scores of the candidates")
+        if len(values) != len(candidates):
+            raise ValueError(f"pcl: {len(values)} values for {len(candidates)} candidates")
+        chosen = select_closest(values, min(self.m, len(candidates)), self.tau)
+        self.batch = [candidates[i] for i in chosen]
+        self.selected_values = np.asarray(values)[chosen]
+        return [Rollout(p, self.n) for p in self.batch]
+
+    def finish_step(self) -> list[PromptRecord]:
+        return self.batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"tau": self.tau, "k": self.k}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.tau, self.k = float(state["tau"]), int(state["k"])
+
+    def metrics(self) -> dict[str, float]:
+        return {"tau": self.tau, "k": float(self.k)}

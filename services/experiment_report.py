@@ -1,0 +1,179 @@
+"""The report of a strategy comparison (`pcl experiment`): a markdown table and PNG plots from the runs.
+
+    write_report(load_experiment("configs/experiments/tiny-compare.yaml"))
+
+Per arm, over its seeds: best held-out accuracy, time to reach the target accuracy (wall-clock seconds from
+the start of training, evaluations included), mean effective ratio, mean generation and selection seconds per
+step, steps done. Plots: held-out accuracy against wall time, effective ratio, V's explained variance and the
+reference difficulty (initial policy's pass rate) of the selected prompts against the step. Numbers come only
+from the runs' metrics.jsonl files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from pcl.runlog import METRICS_FILE, read_metrics
+
+PLOTS = {  # file stem -> (y key, x key, y label, title)
+    "accuracy-vs-time": ("eval_accuracy", "elapsed_seconds", "held-out accuracy", "Held-out accuracy vs wall time"),
+    "effective-ratio": ("effective_ratio", "step", "effective ratio", "Effective ratio vs step"),
+    "value-ev": ("value_explained_variance", "step", "explained variance of V", "V's explained variance vs step"),
+    "reference-difficulty": ("selected_reference_pass_rate_mean", "step", "reference pass rate of selected prompts",
+                             "Reference difficulty of the selected prompts vs step"),
+}
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def run_figures(records: list[dict], target: float, gain: bool = False) -> dict:
+    """One run's headline figures; the target is an accuracy, or (gain) a rise over the run's first evaluation."""
+    steps = [r for r in records if "effective_ratio" in r]
+    evals = [r for r in records if r.get("eval_accuracy") is not None]
+    if gain and evals:
+        target = evals[0]["eval_accuracy"] + target - 1e-9
+    reached = [r.get("elapsed_seconds", 0.0) for r in evals if r["eval_accuracy"] >= target]
+    return {
+        "steps": len(steps),
+        "accuracy_start": evals[0]["eval_accuracy"] if evals else None,
+        "accuracy_best": max((r["eval_accuracy"] for r in evals), default=None),
+        "time_to_target": reached[0] if reached else None,
+        "effective_ratio": _mean([r["effective_ratio"] for r in steps]),
+        "generation_seconds": _mean([r.get("generation_seconds") for r in steps]),
+        "selection_seconds": _mean([r.get("selection_seconds") for r in steps]),
+        "samples_per_step": _mean([r.get("samples_generated") for r in steps]),
+    }
+
+
+def arm_figures(runs: list[dict]) -> dict:
+    """Mean figures of one arm over its seeds; time to target over the seeds that reached it."""
+    out = {key: _mean([r[key] for r in runs]) for key in runs[0] if key != "time_to_target"}
+    reached = [r["time_to_target"] for r in runs if r["time_to_target"] is not None]
+    out["time_to_target"] = _mean(reached)
+    out["reached"] = f"{len(reached)}/{len(runs)}"
+    return out
+
+
+def _cell(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def table(figures: dict[str, dict], target: str) -> str:
+    head = ("| strategy | seeds reaching target | best held-out accuracy | time to " + target +
+            " (s) | mean effective ratio | generation s/step | selection s/step | samples generated / step | steps |")
+    lines = [head, "|" + "---|" * 9]
+    for arm, f in figures.items():
+        lines.append(f"| {arm} | {f['reached']} | {_cell(f['accuracy_best'], '.3f')} | "
+                     f"{_cell(f['time_to_target'], '.0f')} | {_cell(f['effective_ratio'], '.3f')} | "
+                     f"{_cell(f['generation_seconds'], '.2f')} | {_cell(f['selection_seconds'], '.3f')} | "
+                     f"{_cell(f['samples_per_step'], '.0f')} | {_cell(f['steps'], '.0f')} |")
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, dict[int, list[dict]]], out_dir: Path) -> list[Path]:
+    """One PNG per entry of PLOTS; every seed of an arm in the arm's colour. Returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = ["-", "--", ":", "-."]
+    written = []
+    for stem, (y_key, x_key, y_label, title) in PLOTS.items():
+        fig, ax = plt.subplots(figsize=(7, 4.2))
+        drawn = False
+        for i, (arm, seeds) in enumerate(runs.items()):
+            for j, (seed, records) in enumerate(sorted(seeds.items())):
+                points = [(r.get(x_key, 0.0 if r.get("step") == 0 else None), r.get(y_key)) for r in records]
+                points = [(x, y) for x, y in points if x is not None and y is not None]
+                if not points:
+                    continue
+                xs, ys = zip(*points)
+                ax.plot(xs, ys, styles[j % len(styles)], color=colours[i % len(colours)], linewidth=1.2,
+                        label=f"{arm} (seed {seed})")
+                drawn = True
+        ax.set_xlabel("wall-clock seconds of training" if x_key == "elapsed_seconds" else "step")
+        ax.set_ylabel(y_label)
+        ax.set_title(title)
+        if drawn:
+            ax.legend(fontsize=7, ncol=2)
+        else:
+            ax.text(0.5, 0.5, "no run records this figure", ha="center", va="center", transform=ax.transAxes)
+        fig.tight_layout()
+        path = out_dir / f"{stem}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def write_report(exp) -> Path:
+    """Read every run of the experiment, write the markdown report and its plots; returns the report's path."""
+    runs: dict[str, dict[int, list[dict]]] = {}
+    for arm in exp.strategies:
+        for seed in exp.seeds:
+            path = exp.runs_path / f"{arm}-seed{seed}" / METRICS_FILE
+            if path.is_file():
+                runs.setdefault(arm, {})[seed] = read_metrics(path)
+    if not runs:
+        raise FileNotFoundError(f"no run of experiment {exp.name!r} under {exp.runs_path}")
+    gain = exp.target_gain is not None
+    target, target_name = (exp.target_gain, f"+{exp.target_gain:.2f}") if gain else (exp.target_accuracy,
+                                                                                     f"{exp.target_accuracy:.2f}")
+    figures = {arm: arm_figures([run_figures(r, target, gain) for r in seeds.values()])
+               for arm, seeds in runs.items()}
+    out = exp.output_path
+    plot_dir = out.parent / out.stem
+    plots = plot(runs, plot_dir)
+    reference = [json.loads(p.read_text()) for p in sorted(exp.runs_path.glob("reference-seed*.json"))]
+    lines = [
+        f"# Strategy comparison: {exp.name}",
+        "",
+        f"Written by `pcl experiment` on {time.strftime('%Y-%m-%d %H:%M')} ({platform.machine()}, "
+        f"{os.cpu_count()} CPU cores). Base config `{exp.base}` with "
+        f"{', '.join(f'`{o}`' for o in exp.overrides) or 'no overrides'}; "
+        f"every arm with seeds {exp.seeds}, one after another, each with a wall-clock training budget of "
+        f"{exp.budget_s:g} s (held-out evaluations included, actor start-up not).",
+        "",
+        "Arms: " + "; ".join(f"**{arm}** " + " ".join(f"`{o}`" for o in arm_overrides)
+                             for arm, arm_overrides in exp.strategies.items()) + ".",
+        "",
+        table(figures, target_name),
+        "",
+        "Best held-out accuracy, effective ratio and seconds per step are means over the seeds; time to target ("
+        + (f"the run's step-0 held-out accuracy + {target:.2f}" if gain else f"held-out accuracy {target:.2f}")
+        + ") is the mean over the seeds that reached it. Generation seconds include every generation round of a "
+        "step (screening and refills); selection seconds are drawing candidates, V's scoring and the strategy's "
+        "own work.",
+    ]
+    if reference:
+        r = reference[0]
+        lines += ["", f"Reference pass rates (initial policy, {r['n_pre']} rollouts of each of {r['prompts']} training "
+                  f"prompts, one process) took {statistics.fmean(x['seconds'] for x in reference):.0f} s per seed, "
+                  "once, outside every run's budget; the prefilter arm filters on them, every arm reports the "
+                  "reference difficulty of what it selected."]
+    failed = sorted(p.parent.name for p in exp.runs_path.glob("*/FAILED"))
+    if failed:
+        lines += ["", f"Failed runs (their records so far are included): {', '.join(failed)}."]
+    lines += ["", "## Plots", ""]
+    lines += [f"![{p.stem}]({plot_dir.name}/{p.name})" for p in plots]
+    lines += ["", "## Per run", "", "| run | steps | start accuracy | best accuracy | time to target (s) |",
+              "|---|---|---|---|---|"]
+    for arm, seeds in runs.items():
+        for seed, records in sorted(seeds.items()):
+            f = run_figures(records, target, gain)
+            lines.append(f"| {arm} seed {seed} | {f['steps']} | {_cell(f['accuracy_start'], '.3f')} | "
+                         f"{_cell(f['accuracy_best'], '.3f')} | {_cell(f['time_to_target'], '.0f')} |")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    return out

@@ -1,0 +1,310 @@
+"""The six selection strategies, driven through the round protocol exactly as the coordinator drives them,
+against simulated prompts with known pass rates (Bernoulli rewards): batch shape and sample indices, what
+each keeps, bounded rounds with counted shortfalls, adaptation, and state round trips."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pcl.batch import Sample, group_samples
+from pcl.config import (DynamicSamplingSelection, GresoSelection, PCLSelection, PrefilterSelection, SpeedSelection,
+                        UniformSelection)
+from pcl.data import PromptRecord
+from pcl.rounds import RoundLedger
+from pcl.sampler import PromptSampler
+from pcl.strategies import (DynamicSamplingStrategy, GresoStrategy, PCLStrategy, PrefilterStrategy, SpeedStrategy,
+                            UniformStrategy, make_strategy)
+from pcl.strategies.reference import fingerprint, load_reference, pass_rates, save_reference
+
+
+def prompts(count: int) -> list[PromptRecord]:
+    return [PromptRecord(f"p{i}", f"{i}+1", str(i + 1), f"{i}+1=", (5, i % 7 + 3)) for i in range(count)]
+
+
+class World:
+    """A prompt stream (the sampler's seeded epoch shuffle, distinct within a draw) and true pass rates."""
+
+    def __init__(self, rates: dict[str, float], seed: int = 0):
+        self.records = prompts(len(rates))
+        self.rates = rates
+        self.sampler = PromptSampler(len(self.records), seed)
+        self.rng = np.random.default_rng(seed)
+        self.generated = 0
+
+    def draw(self, count: int) -> list[PromptRecord]:
+        seen: dict[int, None] = {}
+        while len(seen) < count:
+            for i in self.sampler.sample(count - len(seen)):
+                seen.setdefault(i, None)
+        return [self.records[i] for i in seen]
+
+    def run_step(self, strategy, step: int = 0, values=None):
+        """One step through the protocol; returns (batch prompts, groups [m, n], ledger, rounds)."""
+        ledger, rounds = RoundLedger(), 0
+        strategy.begin_step(step)
+        while not strategy.ready:
+            request = strategy.next_request()
+            candidates = self.draw(request.draw) if request.draw else []
+            scores = np.array([values[c.id] for c in candidates]) if request.score else None
+            rollouts = strategy.propose(candidates, scores)
+            wanted = ledger.reserve([(r.prompt, r.n) for r in rollouts])
+            samples = [Sample(p.id, first + j, p.prompt_token_ids, (1,), float(self.rng.random() < self.rates[p.id]),
+                              "stop") for p, n, first in wanted for j in range(n)]
+            self.generated += len(samples)
+            ledger.add(samples)
+            rewards = ledger.round_rewards(samples)
+            strategy.observe({r.prompt.id: rewards[r.prompt.id] for r in rollouts})
+            rounds += 1
+            assert rounds < 100, "the strategy never became ready"
+        batch = strategy.finish_step()
+        ids = [p.id for p in batch]
+        assert len(ids) == len(set(ids)) == strategy.m
+        groups = group_samples(ledger.samples_of(ids), ids, strategy.n)  # raises on a missing / extra index
+        return batch, groups, ledger, rounds
+
+
+def rates_cycle(count: int, cycle: list[float]) -> dict[str, float]:
+    return {f"p{i}": cycle[i % len(cycle)] for i in range(count)}
+
+
+# -- the ledger ------------------------------------------------------------------------------------------------
+
+
+def test_ledger_continues_sample_indices_of_a_prompt_across_rounds():
+    a, b = prompts(2)
+    ledger = RoundLedger()
+    assert ledger.reserve([(a, 4), (b, 2)]) == [(a, 4, 0), (b, 2, 0)]
+    assert ledger.reserve([(a, 12)]) == [(a, 12, 4)]  # a second round never reuses indices 0..3
+    ledger.add([Sample("p0", 5, (), (), 1.0, "stop"), Sample("p0", 4, (), (), 0.0, "stop")])
+    assert ledger.round_rewards(ledger.samples["p0"])["p0"].tolist() == [0.0, 1.0]  # sample-index order
+    assert ledger.rounds == 1 and ledger.generated == 2
+
+
+# -- uniform and pcl -------------------------------------------------------------------------------------------
+
+
+def test_uniform_trains_on_the_next_m_prompts_of_the_stream():
+    world = World(rates_cycle(64, [0.5]))
+    expected = [p.id for p in World(rates_cycle(64, [0.5])).draw(8)]
+    batch, groups, ledger, rounds = world.run_step(UniformStrategy(8, 4))
+    assert [p.id for p in batch] == expected and groups.rewards.shape == (8, 4) and rounds == 1
+    assert ledger.generated == 32
+
+
+def test_pcl_picks_the_m_closest_to_tau_and_takes_new_tau_and_k_next_step():
+    world, twin = World(rates_cycle(64, [0.5])), World(rates_cycle(64, [0.5]))
+    values = {f"p{i}": (i % 10) / 10 for i in range(64)}
+
+    def closest(candidates, m, tau):  # by distance to tau, ties to the earlier candidate
+        order = sorted(range(len(candidates)), key=lambda i: (abs(values[candidates[i].id] - tau), i))
+        return [candidates[i].id for i in order[:m]]
+
+    strategy = PCLStrategy(4, 2, tau=0.5, k=4)
+    batch, _, _, _ = world.run_step(strategy, values=values)
+    assert [p.id for p in batch] == closest(twin.draw(16), 4, 0.5) and strategy.next_request().draw == 16
+    strategy.tau, strategy.k = 0.2, 2  # what the control plane does between steps
+    batch, _, _, _ = world.run_step(strategy, 1, values=values)
+    assert [p.id for p in batch] == closest(twin.draw(8), 4, 0.2) and strategy.next_request().draw == 8
+    other = PCLStrategy(4, 2, tau=0.5, k=4)
+    other.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
+    assert (other.tau, other.k) == (0.2, 2) and strategy.metrics() == {"tau": 0.2, "k": 2.0}
+
+
+def test_pcl_without_values_is_an_error():
+    strategy = PCLStrategy(2, 2, 0.5, 2)
+    strategy.begin_step(0)
+    with pytest.raises(ValueError, match="value model"):
+        strategy.propose(prompts(4), None)
+
+
+# -- prefilter -------------------------------------------------------------------------------------------------
+
+
+def test_prefilter_trains_only_on_prompts_inside_the_reference_interval():
+    rates = rates_cycle(200, [0.0, 0.1, 0.5, 0.9, 1.0])
+    world = World(rates)
+    strategy = PrefilterStrategy(16, 4, n_pre=8, p_low=0.05, p_high=0.95)
+    strategy.load_reference(rates)
+    assert strategy.metrics()["prefilter_admitted_share"] == pytest.approx(0.6)
+    for step in range(5):
+        batch, _, ledger, _ = world.run_step(strategy, step)
+        assert all(0.05 < rates[p.id] < 0.95 for p in batch)
+        assert ledger.generated == 16 * 4  # only the batch is generated: the filter costs no rollouts
+
+
+def test_prefilter_needs_reference_rates_and_enough_admitted_prompts():
+    strategy = PrefilterStrategy(8, 4, n_pre=8, p_low=0.0, p_high=1.0)
+    with pytest.raises(RuntimeError, match="load_reference"):
+        strategy.begin_step(0)
+    with pytest.raises(ValueError, match="only 5 of 20 .* fewer than run.m=8"):
+        strategy.load_reference(rates_cycle(20, [0.0, 0.0, 1.0, 0.5]))
+
+
+# -- dynamic sampling ------------------------------------------------------------------------------------------
+
+
+def test_dynamic_sampling_keeps_only_informative_prompts_when_there_are_enough():
+    rates = rates_cycle(400, [0.0, 1.0, 0.5])
+    world = World(rates)
+    strategy = DynamicSamplingStrategy(16, 8, k=1, max_rounds=10)
+    batch, groups, _, rounds = world.run_step(strategy)
+    assert all(rates[p.id] == 0.5 for p in batch) and rounds >= 2  # a third informative: several rounds
+    assert (groups.rewards.std(axis=1) > 0).all()
+    assert strategy.metrics()["dynamic_sampling_shortfall"] == 0
+
+
+def test_dynamic_sampling_fills_the_batch_and_counts_the_shortfall_when_rounds_run_out():
+    world = World(rates_cycle(400, [0.0, 1.0]))  # nothing informative at all
+    strategy = DynamicSamplingStrategy(16, 4, k=2, max_rounds=3)
+    batch, groups, ledger, rounds = world.run_step(strategy)
+    assert rounds == 3 and ledger.generated == 3 * 32 * 4  # bounded: exactly max_rounds rounds
+    assert groups.rewards.shape == (16, 4)  # filled with the best available, never a crash
+    assert strategy.metrics()["dynamic_sampling_shortfall"] == 16
+    world.run_step(strategy, 1)
+    assert strategy.metrics()["dynamic_sampling_shortfall_total"] == 32
+
+
+# -- speed -----------------------------------------------------------------------------------------------------
+
+
+def test_speed_screens_then_continues_the_accepted_with_indices_across_rounds():
+    rates = rates_cycle(400, [0.0, 0.5])
+    world = World(rates)
+    strategy = SpeedStrategy(8, 8, k=4, n_init=4, max_rounds=4)
+    batch, groups, ledger, rounds = world.run_step(strategy)
+    assert rounds == 2  # screening, then continuation of the accepted (32 screened, ~15 accepted)
+    assert all(rates[p.id] == 0.5 for p in batch)
+    for p in batch:  # screening responses 0..3 and continuation 4..7 form the group
+        assert sorted(s.sample_index for s in ledger.samples[p.id]) == list(range(8))
+    assert ledger.generated == 32 * 4 + 8 * 4  # screening of k*m, continuation of m
+    m = strategy.metrics()
+    assert m["speed_shortfall"] == 0 and m["speed_screened"] == 32 and 0 < m["speed_accept_share"] < 1
+
+
+def test_speed_batches_continuation_with_the_next_screening():
+    world = World(rates_cycle(400, [0.5]))
+    strategy = SpeedStrategy(16, 10, k=1, n_init=4, max_rounds=6)
+    strategy.begin_step(0)
+    first = strategy.propose(world.draw(strategy.next_request().draw), None)
+    assert len(first) == 16 and {r.n for r in first} == {4}
+    # Half the screened prompts get mixed rewards (accepted), half all-wrong (rejected).
+    strategy.observe({r.prompt.id: np.array([0.0, 1, 0, 0]) if i % 2 else np.zeros(4) for i, r in enumerate(first)})
+    request = strategy.next_request()
+    assert request.draw == 16  # 8 accepted < m: screen more in the same call
+    second = strategy.propose(world.draw(request.draw), None)
+    accepted = {r.prompt.id for i, r in enumerate(first) if i % 2}
+    assert {r.prompt.id for r in second if r.n == 6} == accepted  # continuation: n - n_init = 6 each
+    fresh = [r for r in second if r.n == 4]
+    assert len(fresh) == 16 and not {r.prompt.id for r in fresh} & {r.prompt.id for r in first}
+
+
+def test_speed_fills_from_screened_prompts_in_the_last_round_when_nothing_is_accepted():
+    world = World(rates_cycle(400, [1.0]))
+    strategy = SpeedStrategy(8, 6, k=2, n_init=2, max_rounds=3)
+    batch, groups, _, rounds = world.run_step(strategy)
+    assert rounds == 3 and groups.rewards.shape == (8, 6) and (groups.rewards == 1).all()
+    assert strategy.metrics()["speed_shortfall"] == 8 and strategy.metrics()["speed_shortfall_total"] == 8
+
+
+def test_speed_rejects_settings_that_cannot_work():
+    with pytest.raises(ValueError, match="n_init .* below run.n"):
+        SpeedStrategy(8, 4, k=2, n_init=4, max_rounds=3)
+    with pytest.raises(ValueError, match="max_rounds"):
+        SpeedStrategy(8, 8, k=2, n_init=4, max_rounds=1)
+
+
+# -- greso -----------------------------------------------------------------------------------------------------
+
+
+def greso(**kw) -> GresoStrategy:
+    args = dict(m=16, n=4, k=1, max_rounds=4, p_easy=0.5, p_hard=0.5, delta_p=0.01, target_zero_variance=0.25)
+    return GresoStrategy(**(args | kw))
+
+
+def test_greso_keep_probability_follows_the_streak():
+    strategy = greso()
+    strategy.streaks = {"easy3": 3, "hard2": -2}
+    assert strategy.keep_probability("new") == 1.0
+    assert strategy.keep_probability("easy3") == pytest.approx(0.125)
+    assert strategy.keep_probability("hard2") == pytest.approx(0.25)
+    strategy.streaks["easy30"] = 30
+    assert strategy.keep_probability("easy30") == 0.01  # never below the floor
+
+
+def test_greso_skips_prompts_that_keep_being_all_correct_and_adapts_p_easy():
+    rates = rates_cycle(64, [1.0, 1.0, 0.5])  # two thirds always solved: far above the easy target
+    world = World(rates)
+    strategy = greso(m=8)
+    skipped = 0
+    for step in range(40):  # ~5 epochs of the 64 prompts
+        batch, _, _, _ = world.run_step(strategy, step)
+        skipped += strategy.metrics()["greso_skipped"]
+    assert skipped > 0
+    assert strategy.p_easy < 0.5 - 0.1  # lowered step by step: more easy prompts skipped
+    assert strategy.streaks and all(v > 0 for k, v in strategy.streaks.items() if rates[k] == 1.0)
+
+
+def test_greso_state_round_trip_reproduces_its_decisions():
+    rates = rates_cycle(64, [1.0, 0.0, 0.5])
+    a, b = World(rates), World(rates)
+    first = greso(m=8)
+    for step in range(10):
+        a.run_step(first, step)
+    second = greso(m=8, seed=99)
+    second.load_state_dict(json.loads(json.dumps(first.state_dict())))
+    assert (second.p_easy, second.p_hard, second.streaks) == (first.p_easy, first.p_hard, first.streaks)
+    b.sampler.load_state_dict(a.sampler.state_dict())  # the same prompt stream and rewards from here on
+    a.rng, b.rng = np.random.default_rng(123), np.random.default_rng(123)
+    assert [p.id for p in a.run_step(first, 10)[0]] == [p.id for p in b.run_step(second, 10)[0]]
+
+
+def test_greso_last_round_skips_nothing_so_the_batch_fills():
+    world = World(rates_cycle(64, [1.0]))
+    strategy = greso(m=8, max_rounds=2)
+    strategy.streaks = {f"p{i}": 50 for i in range(64)}  # everything would be skipped at the floor
+    batch, groups, _, rounds = world.run_step(strategy)
+    assert rounds == 2 and groups.rewards.shape == (8, 4)
+    assert strategy.metrics()["greso_shortfall"] == 8
+
+
+# -- construction from the config ------------------------------------------------------------------------------
+
+
+def test_make_strategy_builds_every_configured_type():
+    kinds = [(UniformSelection(), UniformStrategy), (PCLSelection(), PCLStrategy),
+             (PrefilterSelection(), PrefilterStrategy), (DynamicSamplingSelection(), DynamicSamplingStrategy),
+             (SpeedSelection(), SpeedStrategy), (GresoSelection(), GresoStrategy)]
+    for section, cls in kinds:
+        strategy = make_strategy(section, 8, 0, n=8)
+        assert type(strategy) is cls and strategy.name == section.type
+    assert make_strategy(PCLSelection(pipelined=True), 8, n=8).pipelined
+    assert make_strategy(PrefilterSelection(n_pre=6), 8, n=8).reference_rollouts == 6
+    with pytest.raises(ValueError, match="n_init"):
+        make_strategy(SpeedSelection(n_init=8), 8, n=8)
+
+
+# -- reference pass rates --------------------------------------------------------------------------------------
+
+
+def test_reference_cache_is_keyed_by_policy_prompts_and_n_pre(tmp_path):
+    records = prompts(5)
+    samples = [Sample(p.id, j, (), (), float(j < i), "stop") for i, p in enumerate(records) for j in range(4)]
+    rates = pass_rates(samples)
+    assert rates == {"p0": 0.0, "p1": 0.25, "p2": 0.5, "p3": 0.75, "p4": 1.0}
+    path = tmp_path / "reference.json"
+    save_reference(path, "tiny", records, 4, rates)
+    assert load_reference(path, "tiny", records, 4) == rates
+    assert load_reference(path, "tiny", list(reversed(records))) == rates  # any n_pre, any order
+    assert load_reference(path, "other-policy", records, 4) is None
+    assert load_reference(path, "tiny", records, 8) is None
+    changed = records[:4] + [PromptRecord("p4", "9+9", "18", "9+9=", (1,))]
+    assert fingerprint(changed) != fingerprint(records) and load_reference(path, "tiny", changed) is None
+    assert load_reference(tmp_path / "absent.json", "tiny", records) is None
+    path.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a reference pass-rate cache"):
+        load_reference(path, "tiny", records)
+    with pytest.raises(ValueError, match="missing for 1 prompts"):
+        save_reference(path, "tiny", records, 4, {k: v for k, v in rates.items() if k != "p2"})
