@@ -1,0 +1,72 @@
+"""Fixtures of the control-plane tests, imported by name by the modules that use them: a run's control state
+on the session's real Redis server, a control plane serving it from a real uvicorn on an ephemeral port, and a
+coordinator's side that has published an evaluation and two steps."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from pcl.strategies import PCLStrategy
+from services.control_api import ControlServer, create_app
+from services.control_state import ControlStore
+from services.redis_server import make_client
+from services.run_control import RunControl
+
+TOKEN = "s3cret-test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def step_record(step: int, **extra) -> dict:
+    """A training step's metrics record as the coordinator logs it."""
+    return {
+        "step": step,
+        "effective_ratio": 0.5,
+        "train_reward_mean": 0.25,
+        "selected_value_mean": 0.48,
+        "value_explained_variance": 0.1,
+        "generation_seconds": 0.7,
+        "selection_seconds": 0.04,
+        "train_seconds": 0.3,
+        "weight_sync_seconds": 0.02,
+        "step_seconds": 1.1,
+        "tau": 0.5,
+        "k": 4.0,
+        "samples_total": 32 * step,
+        "generated_tokens_total": 200 * step,
+        "verifier_timeouts_total": 0,
+        **extra,
+    }
+
+
+@pytest.fixture
+def store(redis_url, key_prefix, redis_client):  # redis_client deletes the run's keys afterwards
+    client = make_client(redis_url, decode_responses=True)
+    yield ControlStore(client, key_prefix)
+    client.close()
+
+
+@pytest.fixture
+def server(store):
+    srv = ControlServer(create_app(store, TOKEN), "127.0.0.1", 0).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def api(server):
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        yield client
+
+
+@pytest.fixture
+def running(store):
+    """A coordinator's side that has published an evaluation and two steps."""
+    rc = RunControl(store, steps_total=10, poll_s=0.02)
+    store.set_k_max(16)
+    rc.at_step_boundary(0, PCLStrategy(m=8, n=4, tau=0.5, k=4))
+    rc.publish({"step": 0, "eval_accuracy": 0.125}, 0)
+    rc.publish(step_record(1), 1)
+    rc.publish(step_record(2, step_seconds=75.0), 2)
+    yield rc
+    rc.finish(2)

@@ -1,0 +1,213 @@
+"""The run's control state on a real Redis server: requests, what the coordinator applies at step boundaries
+(and the step it records), pauses that block and release, Prometheus totals that survive a coordinator
+restart, and a control channel that never stops training when Redis is gone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pcl.strategies import PCLStrategy, UniformStrategy
+from services.control_state import ControlConflict, ControlStore, ControlValueError
+from services.metrics import bucket_field
+from services.payloads import RolloutRequest, SamplingParams, pack_tokens
+from services.queues import WorkQueue, stream_key
+from services.redis_server import make_client
+from services.run_control import RunControl
+from tests.services.control_fixtures import step_record, store  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.redis
+
+
+@pytest.fixture
+def control(store):
+    rc = RunControl(store, steps_total=10, poll_s=0.02)
+    yield rc
+    rc.finish(rc.status["step"])
+
+
+def boundary_in_thread(control: RunControl, step: int, strategy) -> tuple[threading.Thread, list]:
+    out: list = []
+    thread = threading.Thread(
+        target=lambda: out.append(control.at_step_boundary(step, strategy)), daemon=True
+    )
+    thread.start()
+    return thread, out
+
+
+def wait_for(predicate, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+def test_pause_blocks_at_the_boundary_until_resume_and_records_the_step(store, control):
+    strategy = PCLStrategy(m=8, n=4, tau=0.5, k=4)
+    control.publish(step_record(3), policy_version=3)
+    store.request_pause()
+    assert store.status()["state"] == "pausing"  # asked for, not yet applied: the step in flight completes
+    with pytest.raises(ControlConflict, match="already paused"):
+        store.request_pause()
+
+    thread, out = boundary_in_thread(control, 3, strategy)  # before the 4th step
+    wait_for(lambda: store.status()["state"] == "paused")
+    time.sleep(0.2)
+    assert thread.is_alive() and not out  # blocked while paused
+    status = store.status()
+    assert status["paused"] and status["step"] == 3 and status["coordinator"]["alive"]
+
+    store.request_resume()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and out[0] >= 0.2  # returns the seconds paused
+    kinds = [(e["type"], e["step"]) for e in store.events()]
+    assert kinds == [("pause_requested", None), ("paused", 4), ("resume_requested", None), ("resumed", 4)]
+    assert store.status()["state"] == "running"
+    with pytest.raises(ControlConflict, match="not paused"):
+        store.request_resume()
+
+
+def test_params_apply_at_the_next_boundary_even_while_paused(store, control):
+    strategy = PCLStrategy(m=8, n=4, tau=0.5, k=4)
+    control.publish(step_record(1), policy_version=1)
+    store.set_k_max(16)
+    store.request_params(tau=0.3)
+    assert store.status()["pending_params"] == {"tau": 0.3}
+    assert strategy.tau == 0.5  # nothing changes mid-step
+
+    assert control.at_step_boundary(1, strategy) == 0.0
+    assert (strategy.tau, strategy.k, strategy.pool_size) == (0.3, 4, 32)
+    applied = [e for e in store.events() if e["type"] == "params_applied"]
+    assert applied[-1]["step"] == 2 and applied[-1]["data"] == {"tau": 0.3, "previous": {"tau": 0.5}}
+
+    store.request_pause()
+    thread, _ = boundary_in_thread(control, 2, strategy)
+    wait_for(lambda: store.status()["state"] == "paused")
+    store.request_params(k=8)
+    wait_for(lambda: store.status()["k"] == 8)  # applied while paused, for the step that follows the pause
+    assert strategy.k == 8 and store.status()["pending_params"] == {}
+    store.request_resume()
+    thread.join(timeout=5)
+    assert strategy.pool_size == 64
+    assert [e["step"] for e in store.events() if e["type"] == "params_applied"] == [2, 3]
+
+
+def test_bad_params_and_conflicts_are_refused(store, control):
+    store.set_k_max(4)
+    with pytest.raises(ControlValueError, match="k=5 exceeds k_max=4"):
+        store.request_params(k=5)
+    with pytest.raises(ControlValueError, match="tau and/or k"):
+        store.request_params()
+
+    uniform = UniformStrategy(m=8, n=4)
+    control.at_step_boundary(0, uniform)  # publishes that this run's strategy has nothing to tune
+    with pytest.raises(ControlConflict, match="'uniform' has no tau"):
+        store.request_params(tau=0.4)
+
+    control.finish(0)
+    for request in (store.request_pause, store.request_checkpoint, lambda: store.request_params(tau=0.2)):
+        with pytest.raises(ControlConflict, match="has finished"):
+            request()
+
+
+def test_the_coordinator_refuses_a_k_the_training_set_cannot_fill(store, control):
+    strategy = PCLStrategy(m=8, n=4, tau=0.5, k=4)
+    store.request_params(k=50)  # no k_max known yet: accepted by the API
+    store.set_k_max(10)
+    control.at_step_boundary(0, strategy)
+    control.at_step_boundary(1, strategy)
+    assert strategy.k == 4
+    refused = [e for e in store.events() if e["type"] == "params_refused"]
+    assert len(refused) == 1 and "k=50 exceeds k_max=10" in refused[0]["data"]["reason"]  # recorded once
+
+
+def test_checkpoint_request_is_seen_at_the_boundary_and_cleared_when_written(store, control):
+    strategy = PCLStrategy(m=8, n=4, tau=0.5, k=4)
+    request = store.request_checkpoint()
+    with pytest.raises(ControlConflict, match="still pending"):
+        store.request_checkpoint()
+    assert control.checkpoint_requested() is None  # not seen before a step boundary
+    control.at_step_boundary(0, strategy)
+    assert control.checkpoint_requested() == request["id"]
+    control.checkpoint_done(request["id"], "/runs/x/checkpoints/step-1")
+    assert control.checkpoint_requested() is None and store.desired().checkpoint is None
+    assert store.status()["checkpoint"]["last"]["path"] == "/runs/x/checkpoints/step-1"
+    assert store.events()[-1]["type"] == "checkpoint_written"
+    assert store.request_checkpoint()["id"] != request["id"]  # a new one may be asked for
+
+
+def test_totals_accumulate_across_a_coordinator_restart(store, control):
+    control.publish(step_record(1, step_seconds=0.7), 1)
+    control.publish(step_record(2, step_seconds=45.0), 2)
+    totals = store.totals()
+    assert totals["samples_total"] == 64 and totals["generated_tokens_total"] == 400
+    assert totals[bucket_field("step_seconds", 1.0)] == 1 and totals[bucket_field("step_seconds", 60.0)] == 1
+    assert totals["step_seconds_sum"] == pytest.approx(45.7)
+
+    restarted = RunControl(store, poll_s=0.02)  # its RolloutClient counts from zero again
+    restarted.publish(step_record(3, samples_total=32), 3)
+    assert store.totals()["samples_total"] == 96  # never goes back
+    restarted.finish(3)
+
+
+def test_history_keeps_one_record_per_step_and_drops_steps_a_resume_replays(store, control):
+    control.publish({"step": 0, "eval_accuracy": 0.2}, 0)
+    for step in (1, 2, 3):
+        control.publish(step_record(step), step)
+    control.publish(step_record(2, train_reward_mean=0.9), 2)  # resumed from the checkpoint of step 1
+    rows = store.history()
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[-1]["train_reward_mean"] == 0.9
+    assert [r["step"] for r in store.history(after_step=0)] == [1, 2]
+    assert "samples_total" not in rows[-1]  # only what the plots need
+
+
+def test_status_says_lost_when_the_heartbeat_stops(store):
+    rc = RunControl(store, poll_s=0.02)
+    rc.publish(step_record(1), 1)
+    assert store.status()["state"] == "running" and store.status()["coordinator"]["alive"]
+    rc._stop.set()  # a coordinator that died: no finish(), its heartbeat key expires
+    rc._heartbeat.join()
+    store.clear_heartbeat()
+    assert store.status()["state"] == "lost"
+
+
+@pytest.mark.parametrize(
+    "server", ["redis_url", "embedded_redis_url"]
+)  # Redis 7 has lag; the embedded 6.2 not
+def test_queue_depths_count_unacknowledged_entries(server, request, key_prefix):
+    url = request.getfixturevalue(server)
+    client, text_client = make_client(url), make_client(url, decode_responses=True)
+    store = ControlStore(text_client, key_prefix)
+    requests = WorkQueue(client, stream_key(store.run, "rollout_requests"), "rollout", "w1")
+    try:  # payloads are binary: token ids 0xF0F0F0F0 are not UTF-8
+        requests.put(
+            [
+                RolloutRequest(store.run, 0, f"p{i}", pack_tokens([0xF0F0F0F0] * 8), 4, 0, SamplingParams())
+                for i in range(5)
+            ]
+        )
+        assert store.queue_depths() == {"rollout_requests": 5, "rollout_results": 0, "rewards": 0}
+        requests.ack(requests.take(2, block_ms=10))
+        assert store.queue_depths()["rollout_requests"] == 3
+    finally:
+        store.reset()
+        client.delete(stream_key(store.run, "rollout_requests"))
+        client.close()
+        text_client.close()
+
+
+def test_training_goes_on_when_redis_is_unreachable():
+    dead = ControlStore(
+        make_client("redis://127.0.0.1:1/0", decode_responses=True, socket_connect_timeout=0.2), "nowhere"
+    )
+    rc = RunControl(dead, poll_s=0.01)
+    strategy = PCLStrategy(m=8, n=4, tau=0.5, k=4)
+    start = time.monotonic()
+    assert rc.at_step_boundary(0, strategy) == 0.0
+    rc.publish(step_record(1), 1)
+    rc.finish(1)
+    assert strategy.tau == 0.5 and time.monotonic() - start < 10
