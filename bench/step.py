@@ -17,7 +17,7 @@ ours as `configs/tiny.yaml` places its actors (local Ray on 2 CPUs, 1 thread per
 steps of every run are not counted; the steps after them are pooled over the rounds. TRL's step is timed
 by a TrainerCallback (on_step_begin -> on_step_end); ours is the coordinator's `step_seconds` in
 RUN_DIR/metrics.jsonl. The last line ends with the ratio ours (uniform) / TRL of the median steady-state
-seconds per step, against the faster of the TRL columns. Results and caveats: docs/bench-step.md.
+seconds per step, against the faster of the TRL columns. Results and caveats: docs/results/bench-step.md.
 """
 
 from __future__ import annotations

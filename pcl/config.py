@@ -154,6 +154,8 @@ class RolloutConfig(Section):
     top_k: int = Field(-1, ge=-1, description="-1 disables top-k.")
     max_new_tokens: int = Field(4096, ge=1, description="Longer responses are truncated and rewarded 0.")
     max_in_flight: int = Field(8, ge=1, description="Requests a worker holds at once (backpressure).")
+    threads: int = Field(1, ge=1, le=256, description="torch intra-op threads of each CPU rollout worker: during "
+                         "generation the learner ranks are idle, so a worker may use their cores.")
     gpu_memory_utilization: float = Field(0.6, gt=0, le=1, description="vLLM only.")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM only.")
     num_gpus_per_worker: float = Field(0.0, ge=0)

@@ -145,7 +145,7 @@ def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
     h["rollout_workers"] = [
         RolloutWorker.options(num_gpus=cfg.rollout.num_gpus_per_worker).remote(
             cfg.rollout.model_dump(), redis_url, run, prep.policy_path, i, seed, cfg.model.dtype,
-            "cuda" if gpu else "cpu", **queue)
+            "cuda" if gpu else "cpu", threads=cfg.rollout.threads, **queue)
         for i in range(cfg.rollout.num_workers)]
     h["learners"] = LearnerGroup.create(
         prep.policy_path, cfg.learner.num_ranks, cfg.learner.backend, cfg.optimizer.model_dump(),
