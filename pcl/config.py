@@ -289,11 +289,12 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str
     cfg = validate_tree(tree, source)
     if overrides:
         # Overrides apply to the validated tree so a strategy's defaults survive a partial override, but a
-        # new `selection.type` starts that strategy from its own defaults.
+        # new `selection.type` starts that strategy from its own defaults (naming the file's own type keeps
+        # the file's settings of it).
         merged = cfg.model_dump()
         parsed = [parse_override(item) for item in overrides]
         for parts, value in parsed:
-            if parts == ["selection", "type"]:
+            if parts == ["selection", "type"] and value != merged["selection"]["type"]:
                 merged["selection"] = {"type": value}
         for parts, value in parsed:
             if parts != ["selection", "type"]:

@@ -38,6 +38,11 @@ def test_switching_strategy_on_the_command_line_starts_from_its_defaults(tmp_pat
     assert cfg.selection.type == "greso" and cfg.selection.p_easy == 0.2 and cfg.selection.p_hard == 0.5
 
 
+def test_naming_the_files_own_strategy_keeps_its_settings(tmp_path):
+    cfg = load_config(write(tmp_path, "selection: {type: pcl, tau: 0.3, k: 2}\n"), ["selection.type=pcl"])
+    assert cfg.selection.type == "pcl" and cfg.selection.tau == 0.3 and cfg.selection.k == 2
+
+
 def test_unknown_key_names_the_key_and_the_file(tmp_path):
     path = write(tmp_path, "rollout:\n  temprature: 1.0\n")
     with pytest.raises(ConfigError) as exc:
