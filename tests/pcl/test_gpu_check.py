@@ -1,0 +1,34 @@
+"""bench/gpu_check.py runs its checks end to end on CPU (gloo, a tiny random Qwen3): the same code paths as the
+GPU run, whose figures are in docs/results/gpu.md."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_gpu_check_smoke_run_on_cpu(tmp_path):
+    out = tmp_path / "check.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--device", "cpu", "--small",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["learner"]["backend"] == "gloo" and report["learner"]["grad_norm"] > 0
+    assert report["engine"]["generated_tokens"] > 0 and report["engine"]["tokens_per_second"] > 0
+    assert report["value"]["candidates"] == 16
+    assert report["weight_sync"]["engine_version"] == 1 and report["weight_sync"]["tensors"] > 0
+    assert proc.stdout.strip().splitlines()[-1].startswith("engine generated tokens per second:")
+
+
+def test_gpu_check_refuses_cuda_without_a_device():
+    import torch
+
+    if torch.cuda.is_available():
+        return  # the real run is the check there
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py")], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and "no CUDA device is visible" in proc.stderr
