@@ -5,11 +5,18 @@ rates, lets the selection strategy choose (in as many generation rounds as the s
 `pcl.strategies.base`), sends the chosen prompts to the rollout fleet through the request stream, collects
 exactly one verified sample per (prompt, sample index) from the reward stream, has the learner group take one
 optimizer step, syncs the new weights to the fleet, trains V, and appends the step's metrics to
-`RUN_DIR/metrics.jsonl`.
+`RUN_DIR/metrics.jsonl` (and the prompt ids it trained on to `RUN_DIR/selections.jsonl`).
+
+Checkpoints (`pcl.checkpoint` has the layout) are written every `checkpoint.every` steps, when the control plane
+asks, and at the end; `restore()` puts a run back exactly where a checkpoint left it. While it waits for a
+step's samples it gives the current weights to any rollout worker that Ray restarted.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,16 +26,19 @@ from typing import Any
 import numpy as np
 import ray
 
+from actors.runtime import gather
+from pcl import checkpoint as ckpt
 from pcl.batch import group_samples, training_sequences
-from pcl.config import Config
+from pcl.config import Config, dump_config
 from pcl.data import PromptRecord
 from pcl.rl import effective_ratio, explained_variance
 from pcl.rounds import RoundLedger
-from pcl.runlog import MetricsLog
+from pcl.runlog import METRICS_FILE, SELECTIONS_FILE, MetricsLog
 from pcl.strategies import Request, make_strategy
 from pcl.strategies.reference import REFERENCE_FILE, load_reference, pass_rates, save_reference
 
 REFERENCE_CHUNK = 1024  # prompts per generation call of the reference pass
+log = logging.getLogger(__name__)
 
 
 class StepTimer(dict):
@@ -72,6 +82,14 @@ class Coordinator:
         self.eval_prompts = eval_prompts
         self.strategy = make_strategy(self.cfg.selection, self.cfg.run.m, self.cfg.run.seed, n=self.cfg.run.n)
         self.log = MetricsLog(run_dir)
+        self.selections = MetricsLog(run_dir, SELECTIONS_FILE)
+        self.policy_path = fleet.get("policy_path")
+        self.weights_ref = None  # the weights of policy_version in the object store (None: the initial ones)
+        self.elapsed_offset = 0.0  # training seconds before this process took over (a resumed run)
+        self.clock_start: float | None = None
+        self.last_checkpoint_step: int | None = None
+        self.worker_reloads = 0  # weights given to rollout workers Ray restarted
+        self.last_ids: list[str] = []
         self.rng = np.random.default_rng(self.cfg.run.seed + 7919)
         self.policy_version = 0
         self.probes: list[tuple[np.ndarray, np.ndarray]] = []  # (V, p) of recent unfiltered probes
@@ -90,7 +108,9 @@ class Coordinator:
         with timer("step_seconds"):
             self.prepare_reference(timer)  # once: the initial policy's pass rates, where the strategy needs them
             batch = self.collect_batch(step, timer)  # 1-5. candidates, V, selection, verified responses
-            groups = group_samples(batch.ledger.samples_of(batch.ids), batch.ids, n)
+            self.last_ids = batch.ids
+            samples = batch.ledger.samples_of(batch.ids)
+            groups = group_samples(samples, batch.ids, n)
             with timer("train_seconds"):  # 6-7. group-mean advantages, one policy-gradient step; 8. train V
                 value_ref = self.train_value(batch.prompts, groups.pass_rates)
                 sequences = training_sequences(groups)
@@ -111,9 +131,12 @@ class Coordinator:
             "generation_rounds": batch.ledger.rounds,
             "samples_generated": batch.ledger.generated,
             "prefetch_hits": self.prefetch_hits,
+            "worker_reloads": self.worker_reloads,
             "grad_norm": learn.get("grad_norm"),
             "policy_loss": learn.get("loss"),
             "train_sequences": len(sequences),
+            "batch_samples": len(samples),  # m*n, each (prompt, sample index) exactly once:
+            "batch_unique_samples": len({(x.prompt_id, x.sample_index) for x in samples}),
             **value_stats,
             **self.strategy.metrics(),
             **self.rollouts.counters(),
@@ -135,7 +158,7 @@ class Coordinator:
             with timer("generation_seconds"):  # 4-5. responses, verified
                 wanted = batch.ledger.reserve([(r.prompt, r.n) for r in rollouts] +
                                               [(p, self.cfg.run.n) for p in probe])
-                samples = self.rollouts.generate_rollouts(step, self.policy_version, wanted)
+                samples = self.rollouts.generate_rollouts(step, self.policy_version, wanted, on_wait=self.check_fleet)
             batch.ledger.add(samples)
             rewards = batch.ledger.round_rewards(samples)
             batch.probe_rates += [float(rewards[i].mean()) for i in batch.probe_ids[len(batch.probe_rates):]]
@@ -144,28 +167,141 @@ class Coordinator:
         return batch
 
     def run(self) -> dict[str, Any]:
-        """Evaluate at step 0, then train until run.steps (or the time budget); returns a summary."""
+        """Evaluate at step 0, then train until run.steps (or the time budget), checkpointing on schedule, on
+        request and at the end; returns a summary."""
         cfg = self.cfg
-        start = time.monotonic()
-        if cfg.run.eval_every:
+        self.clock_start = time.monotonic() - self.elapsed_offset
+        if cfg.run.eval_every and self.step == 0:
             first = {"step": 0, "eval_accuracy": self.evaluate(0), "policy_version": self.policy_version}
             self.log.append(first)
             self.control.publish(first, self.policy_version)
         steps_done = 0
         for step in range(self.step, cfg.run.steps):
-            start += self.control.at_step_boundary(step, self.strategy)  # blocks while paused; pauses aren't budget
-            if cfg.run.time_budget_s and time.monotonic() - start > cfg.run.time_budget_s:
+            # blocks while paused (pauses aren't budget); a checkpoint asked for meanwhile is written at once
+            self.clock_start += self.control.at_step_boundary(step, self.strategy, self.checkpoint_on_request)
+            self.checkpoint_on_request()  # asked for while the last step ran
+            if cfg.run.time_budget_s and self.elapsed() > cfg.run.time_budget_s:
                 break
             record = self.train_step(step)
             if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 or step + 1 == cfg.run.steps:
                 record["eval_accuracy"] = self.evaluate(step + 1)
-            record["elapsed_seconds"] = time.monotonic() - start
+            record["elapsed_seconds"] = self.elapsed()
             self.log.append(record)
+            self.selections.append({"step": step + 1, "ids": self.last_ids})
             self.control.publish(record, self.policy_version)
             self.step = step + 1
             steps_done += 1
+            if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                self.save_checkpoint()
+        if self.last_checkpoint_step != self.step:
+            self.save_checkpoint()
         self.control.finish(self.step)
-        return {"steps": self.step, "steps_this_run": steps_done, "seconds": time.monotonic() - start}
+        return {"steps": self.step, "steps_this_run": steps_done, "seconds": self.elapsed(),
+                "checkpoint": str(ckpt.latest(self.checkpoint_root))}
+
+    def elapsed(self) -> float:
+        """Training seconds of the run so far, across resumes, pauses excluded."""
+        return time.monotonic() - self.clock_start if self.clock_start is not None else self.elapsed_offset
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return (Path(self.run_dir) / "checkpoints").resolve()
+
+    def checkpoint_on_request(self) -> None:
+        """Write a checkpoint if the control plane asked for one, and tell it where."""
+        request = self.control.checkpoint_requested()
+        if request is not None:
+            self.control.checkpoint_done(request, self.save_checkpoint())
+
+    def save_checkpoint(self) -> str:
+        """Everything the run needs to continue exactly from this step boundary, written atomically (see
+        `pcl.checkpoint`); the oldest beyond checkpoint.keep are deleted. Returns the checkpoint's path."""
+        started = time.perf_counter()
+        root, run_dir = self.checkpoint_root, Path(self.run_dir)
+        tmp = ckpt.begin(root, self.step)
+        self.learners.save_checkpoint(str(tmp))
+        if self.scorer is not None:
+            ray.get(self.scorer.save_checkpoint.remote(str(tmp / "value")), timeout=self.cfg.learner.timeout_s)
+        if self.policy_path:
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(self.cfg.model.tokenizer or self.policy_path).save_pretrained(tmp / "policy")
+        ckpt.write_json(tmp / "state.json", self.state_dict())
+        ckpt.write_json(tmp / "control.json", self.control.snapshot())
+        for name in (METRICS_FILE, SELECTIONS_FILE, REFERENCE_FILE):
+            if (run_dir / name).is_file():
+                shutil.copy2(run_dir / name, tmp / name)
+        (tmp / "config.yaml").write_text(dump_config(self.cfg.model_copy(update={
+            "control": self.cfg.control.model_copy(update={"token": None})})))
+        final = ckpt.commit(tmp, root, self.step, {"policy_version": self.policy_version,
+                                                    "strategy": self.cfg.selection.type})
+        ckpt.prune(root, self.cfg.checkpoint.keep)
+        self.last_checkpoint_step = self.step
+        log.info("checkpoint %s written in %.1fs", final, time.perf_counter() - started)
+        return str(final)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The coordinator's own state and the sampler's, strategy's and rollout engines' (JSON)."""
+        prefetched = None
+        if self.prefetched is not None:
+            candidates, values = self.prefetched
+            prefetched = {"ids": [c.id for c in candidates], "values": np.asarray(ray.get(values)).tolist()}
+        return {
+            "step": self.step,
+            "policy_version": self.policy_version,
+            "strategy_type": self.cfg.selection.type,
+            "elapsed_seconds": self.elapsed(),
+            "rng": self.rng.bit_generator.state,
+            "sampler": ray.get(self.sampler.state_dict.remote()),
+            "strategy": self.strategy.state_dict(),
+            "probes": [[v.tolist(), p.tolist()] for v, p in self.probes],
+            "prefetched": prefetched,
+            "prefetch_hits": self.prefetch_hits,
+            "worker_reloads": self.worker_reloads,
+            "rollout_counters": {"dropped": dict(self.rollouts.dropped), "totals": dict(self.rollouts.totals)},
+            "engines": gather([w.rng_state.remote() for w in self.workers], self.cfg.learner.timeout_s,
+                              "rollout engine state"),
+        }
+
+    def restore(self, checkpoint: str) -> dict[str, Any]:
+        """Put the run back where `checkpoint` left it: policy and optimizer, V, the sampler's cursor, the
+        strategy, every RNG, the counters; the rollout fleet gets the checkpoint's weights. Metrics and
+        selections of later steps (from the run that went on past it) are dropped from the run directory."""
+        path = Path(checkpoint).resolve()
+        state = json.loads((path / "state.json").read_text())
+        if state["strategy_type"] != self.cfg.selection.type:
+            raise ValueError(f"checkpoint {path}: written by a {state['strategy_type']!r} run; this run's "
+                             f"selection.type is {self.cfg.selection.type!r}")
+        self.learners.load_checkpoint(str(path))
+        if self.scorer is not None and (path / "value").is_dir():
+            ray.get(self.scorer.load_checkpoint.remote(str(path / "value")), timeout=self.cfg.learner.timeout_s)
+        ray.get(self.sampler.load_state_dict.remote(state["sampler"]))
+        self.strategy.load_state_dict(state["strategy"])
+        self.rng.bit_generator.state = state["rng"]
+        self.step, self.policy_version = int(state["step"]), int(state["policy_version"])
+        self.elapsed_offset = float(state["elapsed_seconds"])
+        self.probes = [(np.asarray(v), np.asarray(p)) for v, p in state["probes"]]
+        if state.get("prefetched"):
+            by_id = {p.id: p for p in ray.get(self.sampler.records.remote())}
+            candidates = [by_id[i] for i in state["prefetched"]["ids"]]
+            self.prefetched = (candidates, ray.put(np.asarray(state["prefetched"]["values"])))
+        self.prefetch_hits = int(state["prefetch_hits"])
+        self.worker_reloads = int(state.get("worker_reloads", 0))
+        self.rollouts.dropped.update(state["rollout_counters"]["dropped"])
+        self.rollouts.totals.update(state["rollout_counters"]["totals"])
+        run_dir = Path(self.run_dir)
+        if (path / REFERENCE_FILE).is_file() and not (run_dir / REFERENCE_FILE).is_file():
+            shutil.copy2(path / REFERENCE_FILE, run_dir / REFERENCE_FILE)
+        self.sync_weights(self.policy_version)
+        if len(state["engines"]) == len(self.workers):
+            gather([w.load_rng_state.remote(e) for w, e in zip(self.workers, state["engines"])],
+                   self.cfg.learner.timeout_s, "rollout engine state")
+        self.log.truncate_after(self.step)
+        self.selections.truncate_after(self.step)
+        self.last_checkpoint_step = self.step
+        return {"step": self.step, "policy_version": self.policy_version, "checkpoint": str(path)}
 
     # -- the pieces ------------------------------------------------------------------------------------------
 
@@ -247,17 +383,41 @@ class Coordinator:
             self.strategy.load_reference(self.reference)
 
     def sync_weights(self, version: int) -> None:
-        """Push the learner's new weights to every rollout worker; from here on they serve `version`."""
+        """Push the learner's new weights to every rollout worker; from here on they serve `version`. A worker
+        that dies meanwhile is restarted by Ray and the load retried on it."""
         ref = self.learners.state_ref()
-        ray.get([w.load_weights.remote(ref, version) for w in self.workers], timeout=self.cfg.learner.timeout_s)
-        self.policy_version = version
+        gather([w.load_weights.remote(ref, version) for w in self.workers], self.cfg.learner.timeout_s,
+               "weight sync")
+        self.weights_ref, self.policy_version = ref, version
+
+    def check_fleet(self) -> None:
+        """Give the current weights to rollout workers that lack them: one that Ray restarted after its process
+        died holds the initial weights (version 0) and serves nothing of a later version until then."""
+        if self.weights_ref is None:
+            return  # version 0: a restarted worker starts with the initial weights
+        refs = [w.policy_version.remote() for w in self.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)
+        for worker, ref in zip(self.workers, refs):
+            if ref not in ready:
+                continue  # restarting (its model is loading): seen at the next check
+            try:
+                version = ray.get(ref)
+            except ray.exceptions.RayError:
+                continue
+            if version != self.policy_version:
+                log.warning("rollout worker holds policy version %s, not %s (restarted?): reloading its weights",
+                            version, self.policy_version)
+                ray.get(worker.load_weights.remote(self.weights_ref, self.policy_version),
+                        timeout=self.cfg.learner.timeout_s)
+                self.worker_reloads += 1
 
     def evaluate(self, step: int) -> float:
         """Held-out accuracy: mean verified reward of `run.eval_samples` samples per held-out prompt."""
         if not self.eval_prompts:
             return float("nan")
         samples = self.rollouts.generate(step, self.policy_version, self.eval_prompts, self.cfg.run.eval_samples,
-                                         temperature=self.cfg.run.eval_temperature, evaluation=True)
+                                         temperature=self.cfg.run.eval_temperature, evaluation=True,
+                                         on_wait=self.check_fleet)
         return float(np.mean([s.reward for s in samples]))
 
 

@@ -16,8 +16,12 @@ from typing import Any, Sequence
 
 import ray
 
-from actors.runtime import init_actor_process
+from actors.runtime import gather, init_actor_process
 from pcl.batch import shard_sequences
+
+
+class LearnerLost(RuntimeError):
+    """A learner rank died: the process group is broken and the run restarts from its last checkpoint."""
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -60,6 +64,12 @@ class LearnerRank:
     def save_pretrained(self, path: str) -> None:
         self.learner.save_pretrained(path)
 
+    def save_checkpoint(self, directory: str) -> None:
+        self.learner.save_checkpoint(directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.learner.load_checkpoint(directory)
+
     def ping(self) -> bool:
         return True
 
@@ -80,16 +90,16 @@ class LearnerGroup:
         master = ray.get(ranks[0].address.remote(), timeout=timeout_s)
         if backend == "auto":
             backend = "nccl" if num_gpus_per_rank > 0 else "gloo"
-        ray.get([r.setup.remote(master, backend, model_path, optimizer_cfg, micro_batch_size, device, dtype, seed,
-                                reshard_after_forward) for r in ranks], timeout=timeout_s)
+        gather([r.setup.remote(master, backend, model_path, optimizer_cfg, micro_batch_size, device, dtype, seed,
+                               reshard_after_forward) for r in ranks], timeout_s, "learner set-up")
         return cls(ranks, timeout_s)
 
     def train(self, sequences: Sequence[dict], global_count: int) -> dict[str, float]:
         """One optimizer step over the whole batch; returns rank 0's stats with the step's wall time."""
         start = time.perf_counter()
         shards = shard_sequences(sequences, len(self.ranks))
-        stats = ray.get([r.train_step.remote(s, global_count) for r, s in zip(self.ranks, shards)],
-                        timeout=self.timeout_s)
+        stats = self._gather([r.train_step.remote(s, global_count) for r, s in zip(self.ranks, shards)],
+                             "learner step")
         out = dict(stats[0])
         out["num_tokens"] = float(sum(s.get("num_tokens", 0) for s in stats))
         out["learner_wall_seconds"] = time.perf_counter() - start
@@ -98,11 +108,42 @@ class LearnerGroup:
     def state_ref(self):
         """ObjectRef of the full (gathered) policy weights, from rank 0; all ranks join the gather."""
         refs = [r.full_state_dict.remote() for r in self.ranks]
-        ray.wait(refs, num_returns=len(refs), timeout=self.timeout_s)
+        self._gather(refs[1:], "weight gather")  # the other ranks return {}; rank 0's is the weights
+        ray.wait(refs[:1], timeout=self.timeout_s)
         return refs[0]
 
     def call_all(self, method: str, *args) -> list:
-        return ray.get([getattr(r, method).remote(*args) for r in self.ranks], timeout=self.timeout_s)
+        return self._gather([getattr(r, method).remote(*args) for r in self.ranks], f"learner {method}")
+
+    def _gather(self, refs: list, what: str) -> list:
+        """All ranks' answers; when a call fails and a rank is gone, LearnerLost (the group cannot go on: its
+        process group lost a member) rather than whatever error the surviving ranks' collectives raised."""
+        try:
+            return gather(refs, self.timeout_s, what)
+        except Exception as exc:
+            dead = self.dead_ranks()
+            if dead:
+                raise LearnerLost(f"{what}: learner rank(s) {dead} died; the group must restart") from exc
+            raise
+
+    def dead_ranks(self, timeout_s: float = 10.0) -> list[int]:
+        pings = [r.ping.remote() for r in self.ranks]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout_s)
+        dead = []
+        for i, ref in enumerate(pings):
+            try:
+                if ref not in ready or not ray.get(ref):
+                    dead.append(i)
+            except ray.exceptions.RayError:
+                dead.append(i)
+        return dead
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Write the policy (Hugging Face format), optimizer and RNG states into a checkpoint directory."""
+        self.call_all("save_checkpoint", directory)
+
+    def load_checkpoint(self, directory: str) -> None:
+        self.call_all("load_checkpoint", directory)
 
     def kill(self) -> None:
         for r in self.ranks:

@@ -2,6 +2,11 @@
 
 It serves the request stream in a background thread with a generation engine (HF on CPU, vLLM on GPU) and
 takes versioned weights from the learner between steps. All logic is in `services.workers.RolloutService`.
+
+Ray restarts a worker whose process dies. The restarted worker holds the initial weights (version 0) and
+hands back requests of other versions until the coordinator, which checks the fleet's versions while it
+waits for a step's samples, gives it the current weights; its unacknowledged requests are reclaimed from
+the stream after the visibility timeout.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import ray
 from actors.runtime import init_actor_process
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class RolloutWorker:
     def __init__(self, rollout_cfg: dict, redis_url: str, run: str, model_path: str, worker_id: int, seed: int,
                  dtype: str = "float32", device: str = "auto", visibility_timeout_s: float = 30.0,
@@ -48,6 +53,18 @@ class RolloutWorker:
 
     def stats(self) -> dict[str, Any]:
         return {"policy_version": self.service.engine.policy_version, **self.service.counts}
+
+    def policy_version(self) -> int:
+        return self.service.engine.policy_version
+
+    def rng_state(self) -> dict[str, int]:
+        """The engine's sampling state (its count of unseeded generation calls), for checkpoints."""
+        return {"calls": int(getattr(self.service.engine, "_calls", 0))}
+
+    def load_rng_state(self, state: dict[str, int]) -> None:
+        with self.service.lock:
+            if hasattr(self.service.engine, "_calls"):
+                self.service.engine._calls = int(state["calls"])
 
     def shutdown(self) -> None:
         self.stop.set()

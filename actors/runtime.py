@@ -24,3 +24,20 @@ def init_actor_process(threads: int = 1) -> None:
         transformers.logging.set_verbosity_error()
     except ImportError:  # pragma: no cover - transformers is a hard dependency
         pass
+
+
+def gather(refs: list, timeout_s: float, what: str) -> list:
+    """`ray.get(refs)` that fails as soon as any one of them fails, rather than after the others finish (a
+    collective whose peer died never does) or time out; raises TimeoutError naming `what` after timeout_s."""
+    import time
+
+    import ray
+
+    pending, deadline = list(refs), time.monotonic() + timeout_s
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{what}: {len(pending)} of {len(refs)} calls unanswered after {timeout_s:g}s")
+        ready, pending = ray.wait(pending, num_returns=1, timeout=min(left, 1.0))
+        ray.get(ready)  # raises the first failure at once
+    return ray.get(list(refs))

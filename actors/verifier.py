@@ -2,6 +2,7 @@
 
 A background thread serves the result stream through `services.workers.VerifierService`, which runs
 math-verify in a spawn-based process pool with a hard per-sample timeout, so no model output can hang it.
+Ray restarts a verifier whose process dies; what it held unacknowledged is reclaimed from the stream.
 """
 
 from __future__ import annotations
@@ -14,11 +15,15 @@ import ray
 from actors.runtime import init_actor_process
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+@ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class RewardVerifier:
-    def __init__(self, redis_url: str, run: str, answers: dict, worker_id: int, processes: int, timeout_s: float,
-                 visibility_timeout_s: float = 30.0, max_deliveries: int = 3):
+    def __init__(self, redis_url: str, run: str, answers: dict | list, worker_id: int, processes: int,
+                 timeout_s: float, visibility_timeout_s: float = 30.0, max_deliveries: int = 3):
+        """answers: gold answer by prompt id, or `[ObjectRef]` of that dict (one copy for the whole fleet,
+        which the caller keeps alive for restarts)."""
         init_actor_process(1)
+        if isinstance(answers, list):
+            answers = ray.get(answers[0])
         from pcl.reward_pool import RewardPool
         from services.queues import WorkQueue, stream_key
         from services.redis_server import make_client

@@ -160,6 +160,9 @@ class RolloutConfig(Section):
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM only.")
     num_gpus_per_worker: float = Field(0.0, ge=0)
     step_timeout_s: float = Field(1800.0, gt=0, description="Deadline for a step's samples to be generated and verified.")
+    deterministic: bool = Field(False, description="Seed each request from (run.seed, step, prompt, first sample "
+                                "index) and generate it alone: samples no longer depend on batching or on which "
+                                "worker serves them, so a resumed run repeats a straight one exactly (CPU; slower).")
 
 
 class VerifierConfig(Section):
@@ -196,6 +199,9 @@ class ControlConfig(Section):
 class CheckpointConfig(Section):
     every: int = Field(0, ge=0, description="Checkpoint every N steps; 0 only on request and at the end.")
     keep: int = Field(2, ge=1, description="Complete checkpoints kept.")
+    max_restarts: int = Field(3, ge=0, description="Times the driver restarts the run from its newest checkpoint "
+                              "(from the start when there is none) after a failure no actor restart covers: a "
+                              "learner rank, the sampler or the coordinator lost, a deadline missed.")
 
 
 class Config(Section):

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from numbers import Integral
+from pathlib import Path
 from typing import Any, Sequence
 
 import torch
@@ -320,6 +321,27 @@ class PolicyLearner:
             self.model.config.dtype = self.dtype
             self.model.config.save_pretrained(path)
         dist.barrier()
+
+    def save_checkpoint(self, directory: str) -> None:
+        """Write this learner group's part of a checkpoint into `directory` (collective): the policy in Hugging
+        Face format under `policy/` and `learner.pt` (full float32 weights, AdamW state, step count) from rank 0,
+        and each rank's torch RNG state in `learner-rng-<rank>.pt`."""
+        directory = Path(directory)
+        self.save_pretrained(str(directory / "policy"))
+        state = self.state_dict()
+        if self.rank == 0:
+            torch.save(state, directory / "learner.pt")
+        torch.save(torch.get_rng_state(), directory / f"learner-rng-{self.rank}.pt")
+        dist.barrier()
+
+    def load_checkpoint(self, directory: str) -> None:
+        """Restore what `save_checkpoint` wrote (collective; rank 0 reads `learner.pt` and broadcasts it)."""
+        directory = Path(directory)
+        state = torch.load(directory / "learner.pt", map_location="cpu", weights_only=False) if self.rank == 0 else {}
+        self.load_state_dict(state)
+        rng = directory / f"learner-rng-{self.rank}.pt"
+        if rng.is_file():
+            torch.set_rng_state(torch.load(rng, weights_only=False))
 
     def state_dict(self) -> dict[str, Any]:
         """Checkpoint state: full (unsharded, float32, CPU) model and AdamW state on rank 0, {} elsewhere.

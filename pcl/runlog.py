@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 METRICS_FILE = "metrics.jsonl"
+SELECTIONS_FILE = "selections.jsonl"  # the prompt ids each step trained on: {"step": s, "ids": [...]}
 
 # The keys every step record carries (eval_accuracy only on evaluation steps).
 STEP_KEYS = (
@@ -35,10 +36,10 @@ def _clean(value: Any) -> Any:
 
 
 class MetricsLog:
-    """Append-only JSONL of step records in a run directory."""
+    """Append-only JSONL of step records in a run directory (metrics.jsonl, or another file of step records)."""
 
-    def __init__(self, run_dir: str | os.PathLike):
-        self.path = Path(run_dir) / METRICS_FILE
+    def __init__(self, run_dir: str | os.PathLike, filename: str = METRICS_FILE):
+        self.path = Path(run_dir) / filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
     def append(self, record: dict) -> None:

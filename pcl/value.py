@@ -226,6 +226,19 @@ class ValueTrainer:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "steps": self.steps}
 
+    def save_checkpoint(self, directory: str | Path) -> None:
+        """V in Hugging Face format (backbone + head, `ValueModel.from_pretrained` loads it) plus `trainer.pt`:
+        weights, optimizer state, step count and torch's RNG state."""
+        directory = Path(directory)
+        self.model.save_pretrained(directory)
+        torch.save({**self.state_dict(), "rng": torch.get_rng_state()}, directory / "trainer.pt")
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        state = torch.load(Path(directory) / "trainer.pt", map_location=self.model.device, weights_only=False)
+        self.load_state_dict(state)
+        if "rng" in state:
+            torch.set_rng_state(state["rng"].cpu())
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("model", "optimizer", "steps"):
             if key not in state:

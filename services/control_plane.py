@@ -76,14 +76,17 @@ class DriverControl:
     control.enabled, writes RUN_DIR/control.json (where it listens; no secret), and marks a failed run."""
 
     def __init__(
-        self, cfg: Config, redis_url: str, run_dir: Path, k_max: int, fresh: bool, tools_url: str = ""
+        self, cfg: Config, redis_url: str, run_dir: Path, k_max: int, fresh: bool, tools_url: str = "",
+        snapshot: dict | None = None,
     ):
         from services.redis_server import make_client, masked
 
         self.store = ControlStore(make_client(redis_url, decode_responses=True), cfg.run.name)
         if fresh:
             self.store.reset()
-        else:
+        else:  # resumed: the state in Redis stands; a checkpoint's snapshot fills in for a Redis without it
+            if snapshot:
+                self.store.restore(snapshot)
             self.store.reopen()
         self.store.set_k_max(k_max)
         self.server = serve(cfg.control, self.store) if cfg.control.enabled else None

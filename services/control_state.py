@@ -288,6 +288,26 @@ class ControlStore:
         if status.get("state") in FINAL_STATES:
             self.write_status({**status, "state": "waiting", "error": None})
 
+    def snapshot(self) -> dict:
+        """The control state a checkpoint keeps: what is asked for (tau, k, pause; not a pending checkpoint
+        request) and the event log."""
+        desired = {k: v for k, v in self.client.hgetall(self.control_key).items() if k != "checkpoint"}
+        raw = self.client.xrange(self.events_key)
+        return {"desired": desired, "events": [{"id": entry_id, "fields": fields} for entry_id, fields in raw]}
+
+    def restore(self, snapshot: dict) -> bool:
+        """Put a checkpoint's control state back when Redis holds none for this run (a new or emptied Redis);
+        state already there is newer than the checkpoint's and stays. Returns whether anything was restored."""
+        if self.client.exists(self.control_key, self.events_key):
+            return False
+        pipe = self.client.pipeline(transaction=True)
+        if snapshot.get("desired"):
+            pipe.hset(self.control_key, mapping=snapshot["desired"])
+        for event in snapshot.get("events", []):
+            pipe.xadd(self.events_key, event["fields"], id=event["id"])
+        pipe.execute()
+        return True
+
     def set_k_max(self, k_max: int) -> None:
         self.client.hset(self.control_key, "k_max", str(k_max))
 

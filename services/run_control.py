@@ -103,9 +103,10 @@ class RunControl:
 
     # -- step boundaries -------------------------------------------------------------------------------------
 
-    def at_step_boundary(self, step: int, strategy) -> float:
+    def at_step_boundary(self, step: int, strategy, on_checkpoint=None) -> float:
         """Before training step `step` (0-based; metrics.jsonl calls it step+1): apply tau / k, see a
-        checkpoint request, and block while paused. Returns the seconds spent paused."""
+        checkpoint request, and block while paused; `on_checkpoint()` is called for a checkpoint requested
+        during a pause (the run's state then is that of the step boundary). Returns the seconds spent paused."""
         self._describe(strategy)
         desired = self._read()
         if desired is not None:
@@ -122,6 +123,8 @@ class RunControl:
             if desired is not None and self._apply(desired, step + 1, strategy):
                 self._describe(strategy)
                 self._write_status()
+            if on_checkpoint is not None and self.checkpoint_requested():
+                on_checkpoint()
         paused_s = time.monotonic() - start
         self._event("resumed", step + 1, paused_seconds=round(paused_s, 3))
         self._write_status(state="running", paused=False)
@@ -164,6 +167,10 @@ class RunControl:
         }
         self._event("checkpoint_written", step, path=path, request_id=request_id)
         self._write_status()
+
+    def snapshot(self) -> dict:
+        """The control state for a checkpoint ({} when Redis does not answer)."""
+        return self._safely(self.store.snapshot) or {}
 
     def finish(self, steps_done: int) -> None:
         """The run ended normally: final status, an event, and no more heartbeat."""

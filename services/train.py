@@ -3,6 +3,12 @@ starts Redis (embedded unless configured) and Ray (local unless RAY_ADDRESS poin
 actors, and follows the coordinator, printing one line per step and a progress bar.
 
     run_training(load_config("configs/tiny.yaml"), run_dir="runs/demo")
+    run_training(cfg, run_dir="runs/demo", resume="")       # continue from the newest complete checkpoint
+
+It also supervises the run: when it fails in a way no actor restart covers (a learner rank, the sampler or
+the coordinator lost, a deadline missed), the fleet is stopped and started again from the newest complete
+checkpoint, at most `checkpoint.max_restarts` times. Work in flight is discarded (the run's streams are
+purged), so every committed step's batch holds each (prompt, sample) exactly once.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pcl.config import Config, ConfigError, dump_config
+from pcl.runlog import METRICS_FILE, read_metrics
 
 log = logging.getLogger("pcl.train")
 
@@ -30,6 +37,7 @@ class Prepared:
     train_prompts: list
     eval_prompts: list
     answers: dict
+    checkpoint: Path | None = None  # the checkpoint a resumed run starts from
 
 
 def resolve_model_path(path: str, what: str) -> str:
@@ -60,7 +68,18 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     out = Path(run_dir or cfg.run.run_dir or f"runs/{cfg.run.name}")
-    if resume is None and (out / "metrics.jsonl").exists():
+    checkpoint = None
+    if resume is not None:
+        from pcl import checkpoint as ckpt
+
+        try:
+            checkpoint = ckpt.resolve(resume, out)
+        except FileNotFoundError as exc:
+            raise ConfigError(str(exc)) from None
+        if resume and not run_dir:  # `--resume DIR` names the run: its directory is the checkpoint's run dir
+            out = checkpoint.parent.parent
+        print(f"pcl: resuming from {checkpoint} (step {ckpt.step_of(checkpoint)})", flush=True)
+    elif (out / "metrics.jsonl").exists():
         raise ConfigError(f"run dir {str(out)!r} already holds a run: pass --resume to continue it, "
                           f"or choose another --run-dir")
     out.mkdir(parents=True, exist_ok=True)
@@ -83,7 +102,7 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
         evals = [replace(p, id=f"eval/{p.id}") for p in evals[: cfg.data.eval_size]]
     answers = {p.id: p.answer for p in train}
     answers.update({p.id: p.answer for p in evals})
-    return Prepared(out, policy, value, train, evals, answers)
+    return Prepared(out, policy, value, train, evals, answers, checkpoint)
 
 
 def start_ray() -> bool:
@@ -103,15 +122,16 @@ def start_ray() -> bool:
     return True
 
 
-def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None) -> dict:
-    """Print each new metrics line as the coordinator writes it, with a progress bar, until it finishes."""
+def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: int = 0) -> dict:
+    """Print each new metrics line as the coordinator writes it (after the first `seen`), with a progress bar,
+    until it finishes."""
     stream = stream or sys.stdout  # looked up now: sys.stdout may have been replaced since import
     import ray
     from tqdm import tqdm
 
-    from pcl.runlog import METRICS_FILE, format_step_line, iter_metrics
+    from pcl.runlog import format_step_line, iter_metrics
 
-    seen, result = 0, None
+    result = None
     path = run_dir / METRICS_FILE
     bar = tqdm(total=total_steps, unit="step", file=sys.stderr, dynamic_ncols=True, leave=False,
                disable=not sys.stderr.isatty())
@@ -134,12 +154,40 @@ def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None) -> dic
     return result
 
 
+def recoverable(exc: BaseException) -> bool:
+    """Whether a failure of the run is one a restart from the last checkpoint can cure: an actor or object
+    lost, a deadline missed, Redis or the network gone for a while. Bugs and bad input are not."""
+    import ray.exceptions
+    import redis
+
+    from actors.learner import LearnerLost
+    from services.queues import QueueUnavailable
+
+    kinds = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.GetTimeoutError,
+             ray.exceptions.ActorUnavailableError, LearnerLost, QueueUnavailable, TimeoutError, ConnectionError,
+             redis.ConnectionError, redis.TimeoutError)
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, kinds):
+            return True
+        exc = getattr(exc, "cause", None) or exc.__cause__
+    return False
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[-1][:200] if text else ''}"
+
+
 def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = None) -> int:
     """Train to completion; returns the process exit code."""
     import ray
 
+    from pcl import checkpoint as ckpt
+    from pcl.runlog import SELECTIONS_FILE, MetricsLog
     from services.control_plane import DriverControl
-    from services.fleet import start_fleet
+    from services.fleet import purge_streams, start_fleet
     from services.redis_server import open_redis
 
     started = time.perf_counter()
@@ -149,14 +197,40 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
           flush=True)
     redis = open_redis(cfg.redis, prep.run_dir / "redis")
     control, own_ray, fleet = None, False, None
+    checkpoint, restarts = prep.checkpoint, 0
+    snapshot = None
+    if checkpoint is not None and (checkpoint / "control.json").is_file():
+        snapshot = json.loads((checkpoint / "control.json").read_text())
     try:
         # Control state in Redis (reset for a fresh run) and, with control.enabled, the control plane.
         control = DriverControl(cfg, redis.url, prep.run_dir, k_max=len(prep.train_prompts) // cfg.run.m,
-                                fresh=resume is None, tools_url=redis.tcp_url)
+                                fresh=resume is None, tools_url=redis.tcp_url, snapshot=snapshot)
         own_ray = start_ray()
-        fleet = start_fleet(cfg, prep, redis.url)
-        print(f"pcl: actors up in {time.perf_counter() - started:.1f}s; training", flush=True)
-        summary = follow(fleet.coordinator.run.remote(), prep.run_dir, cfg.run.steps)
+        while True:
+            purge_streams(redis.url, cfg.run.name)  # nothing in flight from an earlier attempt is collected
+            fleet = start_fleet(cfg, prep, redis.url)
+            try:
+                if checkpoint is not None:
+                    info = ray.get(fleet.coordinator.restore.remote(str(checkpoint)), timeout=cfg.learner.timeout_s)
+                    print(f"pcl: restored step {info['step']} (policy version {info['policy_version']})", flush=True)
+                else:  # a fresh start (or a restart before the first checkpoint) begins with empty logs
+                    MetricsLog(prep.run_dir).truncate_after(-1)
+                    MetricsLog(prep.run_dir, SELECTIONS_FILE).truncate_after(-1)
+                print(f"pcl: actors up in {time.perf_counter() - started:.1f}s; training", flush=True)
+                done = len(read_metrics(prep.run_dir / METRICS_FILE)) if (prep.run_dir / METRICS_FILE).exists() else 0
+                summary = follow(fleet.coordinator.run.remote(), prep.run_dir, cfg.run.steps, seen=done)
+                break
+            except Exception as exc:
+                if not recoverable(exc) or restarts >= cfg.checkpoint.max_restarts:
+                    raise
+                restarts += 1
+                checkpoint = ckpt.latest(prep.run_dir / "checkpoints")
+                print(f"pcl: the run failed ({_reason(exc)}); restarting from "
+                      f"{checkpoint or 'the start'} (restart {restarts} of {cfg.checkpoint.max_restarts})",
+                      file=sys.stderr, flush=True)
+                fleet.stop()
+                fleet = None
+        summary["restarts"] = restarts
         summary["total_seconds"] = time.perf_counter() - started
         (prep.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"pcl: done: {summary['steps']} steps in {summary['total_seconds']:.0f}s; "

@@ -1,0 +1,173 @@
+"""Checkpoint directories: written atomically, found again after a crash, pruned to the last K.
+
+    root = run_dir / "checkpoints"
+    tmp = begin(root, step)                      # checkpoints/.tmp-step-000012-<pid>/, empty
+    ... every part writes its files into tmp ...
+    final = commit(tmp, root, step, meta)        # fsync every file, write COMPLETE, rename, fsync the root
+    prune(root, keep=2)                          # the newest 2 complete checkpoints stay
+    latest(root)                                 # -> checkpoints/step-000012 (or None)
+
+A checkpoint is complete when its directory is named `step-NNNNNN` and holds a `COMPLETE` file: the rename
+is the commit, so a crash at any moment leaves either the previous checkpoint set or the new one, plus at
+most a `.tmp-*` directory that the next `begin` or `prune` removes. The layout inside:
+
+    COMPLETE           JSON: step, policy_version, time, the files below
+    policy/            the policy in Hugging Face format (config, safetensors, tokenizer): `from_pretrained` loads it
+    learner.pt         full (unsharded) float32 policy weights, AdamW state and step count of the learner group
+    learner-rng-<r>.pt torch RNG state of learner rank r
+    value/             the value model (backbone in Hugging Face format) and `trainer.pt` (weights, optimizer, RNG)
+    state.json         the coordinator: step, policy version, its RNG, sampler cursor, strategy state, ...
+    control.json       the control state at the checkpoint: tau, k, pause, the event log
+    metrics.jsonl      the metrics history up to this step; selections.jsonl the prompts chosen at each step
+    config.yaml        the run's configuration
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+COMPLETE = "COMPLETE"
+_NAME = re.compile(r"^step-(\d{6,})$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def begin(root: str | os.PathLike, step: int) -> Path:
+    """A fresh, empty temporary directory for checkpoint `step` under `root` (created as needed)."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{step_dir_name(step)}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def _fsync_tree(path: Path) -> None:
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(dirpath))
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a rename, a new file) durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(path: str | os.PathLike, obj: Any) -> None:
+    """Write JSON to `path` atomically (a temporary file, fsync, rename)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, allow_nan=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def commit(tmp: Path, root: str | os.PathLike, step: int, meta: dict[str, Any] | None = None) -> Path:
+    """Make the checkpoint in `tmp` durable and visible as `root/step-NNNNNN`; returns that path.
+
+    A complete checkpoint of the same step already there (a run resumed from an earlier one and checkpointing
+    the same step again) is replaced: the new one is first renamed beside it, so one of them is always complete.
+    """
+    root = Path(root)
+    files = sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_file())
+    write_json(tmp / COMPLETE, {"step": step, "time": time.time(), "files": files, **(meta or {})})
+    _fsync_tree(tmp)
+    final = root / step_dir_name(step)
+    if final.exists():
+        old = root / f".old-{step_dir_name(step)}-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    fsync_dir(root)
+    return final
+
+
+def is_complete(path: Path) -> bool:
+    return path.is_dir() and _NAME.match(path.name) is not None and (path / COMPLETE).is_file()
+
+
+def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints under `root`, oldest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if is_complete(p)]
+    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+
+
+def latest(root: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint under `root`, or None."""
+    found = complete_checkpoints(root)
+    return found[-1] if found else None
+
+
+def step_of(checkpoint: Path) -> int:
+    return int(json.loads((Path(checkpoint) / COMPLETE).read_text())["step"])
+
+
+def prune(root: str | os.PathLike, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` complete checkpoints and any leftover temporary directories of
+    processes that are gone; returns what was deleted."""
+    root = Path(root)
+    removed = complete_checkpoints(root)[:-keep] if keep > 0 else []
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith((".tmp-", ".old-")) and not _owner_alive(p.name):
+                removed.append(p)
+    for p in removed:
+        shutil.rmtree(p, ignore_errors=True)
+    return removed
+
+
+def _owner_alive(name: str) -> bool:
+    pid = name.rsplit("-", 1)[-1]
+    if not pid.isdigit():
+        return False
+    if int(pid) == os.getpid():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def resolve(resume: str | os.PathLike, run_dir: str | os.PathLike) -> Path:
+    """What `pcl train --resume [DIR]` means: DIR may be a checkpoint, a run directory or a checkpoints
+    directory; empty means the run directory. Returns the checkpoint; raises FileNotFoundError naming it."""
+    target = Path(resume) if str(resume) else Path(run_dir)
+    if is_complete(target):
+        return target
+    for root in (target / "checkpoints", target):
+        found = latest(root)
+        if found is not None:
+            return found
+    if target.is_dir() and _NAME.match(target.name):
+        raise FileNotFoundError(f"--resume {target}: this checkpoint is incomplete (no {COMPLETE} file): the "
+                                f"write was interrupted; resume from an earlier one in {target.parent}")
+    raise FileNotFoundError(f"--resume {target}: no complete checkpoint found there or in its checkpoints/ "
+                            "directory")

@@ -1,0 +1,96 @@
+"""Failures survived by a running tiny training, on real parts (local Ray, Redis, the 2-rank gloo FSDP2 learner,
+the HF engine, math-verify): an actor process SIGKILLed mid-step, Redis killed and restarted. After each, the run
+reaches its target step, every step is logged once, and every committed batch holds each (prompt, sample)
+exactly once. What each failure does (docs/operations.md):
+
+- rollout worker, verifier, value scorer: Ray restarts the actor; the stream entries it held are reclaimed after
+  the visibility timeout; a restarted rollout worker gets the current weights from the coordinator; a restarted
+  scorer takes V from the newest checkpoint. The run goes on without a restart.
+- learner rank, coordinator: the driver restarts the fleet from the newest complete checkpoint (one restart).
+- Redis: clients reconnect with backoff; with AOF on, nothing acknowledged is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from pcl.config import load_config
+from tests.actors.faults import (FAST, TrainingThread, assert_each_step_once_and_exact_batches, checkpoint_written,
+                                 sigkill, steps_logged, wait_until)
+
+pytestmark = [pytest.mark.ray, pytest.mark.redis, pytest.mark.slow]
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    import ray
+
+    from pcl.tiny.build import build_tiny
+    from services.train import start_ray
+
+    build_tiny(seed=0)
+    own = start_ray()
+    yield
+    if own:
+        ray.shutdown()
+
+
+def start(tmp_path, *extra: str) -> TrainingThread:
+    cfg = load_config("configs/tiny.yaml", [*FAST, f"run.steps={STEPS}", "checkpoint.every=2",
+                                            "rollout.max_in_flight=1", *extra])
+    thread = TrainingThread(cfg, tmp_path / "run")
+    thread.start()
+    return thread
+
+
+def finish(thread: TrainingThread, timeout_s: float = 600) -> dict:
+    thread.join(timeout_s)
+    assert not thread.is_alive(), "the run did not finish"
+    assert thread.result == 0, thread.result
+    assert_each_step_once_and_exact_batches(thread.run_dir, STEPS)
+    return json.loads((thread.run_dir / "summary.json").read_text())
+
+
+def mid_step_3(thread: TrainingThread) -> None:
+    """After the checkpoint at step 2 is complete, while step 3 is under way (a step takes over a second:
+    rollout.max_in_flight=1 has the worker generate one prompt at a time)."""
+    wait_until(lambda: checkpoint_written(thread.run_dir, 2), 300, "the checkpoint at step 2", thread)
+    time.sleep(0.2)
+    assert steps_logged(thread.run_dir) == [1, 2]
+
+
+@pytest.mark.parametrize("actor", ["RolloutWorker", "RewardVerifier", "ValueScorerActor"])
+def test_a_killed_worker_actor_is_restarted_in_place(actor, ray_session, tmp_path):
+    thread = start(tmp_path)
+    mid_step_3(thread)
+    sigkill(actor)
+    summary = finish(thread)
+    assert summary["restarts"] == 0  # no fleet restart: Ray restarted the actor and the step went on
+    records = [json.loads(line) for line in (thread.run_dir / "metrics.jsonl").read_text().splitlines()]
+    if actor == "RolloutWorker":
+        assert records[-1]["worker_reloads"] >= 1  # the restarted worker got the current weights
+
+
+@pytest.mark.parametrize("actor", ["LearnerRank", "Coordinator"])
+def test_a_killed_learner_rank_or_coordinator_restarts_the_run_from_its_checkpoint(actor, ray_session, tmp_path):
+    thread = start(tmp_path)
+    mid_step_3(thread)
+    sigkill(actor, index=-1 if actor == "LearnerRank" else 0)
+    summary = finish(thread)
+    assert summary["restarts"] == 1
+    assert summary["steps"] == STEPS
+
+
+def test_redis_killed_and_restarted_mid_run(ray_session, tmp_path):
+    from services.redis_server import start_embedded
+
+    with start_embedded(tmp_path / "redis", appendonly=True) as redis:
+        thread = start(tmp_path, f"redis.url={redis.url}")
+        mid_step_3(thread)
+        redis.restart(kill=True, downtime_s=2.0)
+        summary = finish(thread)
+    assert summary["steps"] == STEPS
