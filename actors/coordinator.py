@@ -115,7 +115,7 @@ class Coordinator:
                 value_ref = self.train_value(batch.prompts, groups.pass_rates)
                 sequences = training_sequences(groups)
                 learn = self.learners.train(sequences, global_count=m * n)
-                value_stats = ray.get(value_ref) if value_ref is not None else {}
+                value_stats = self.get(value_ref) if value_ref is not None else {}
             with timer("weight_sync_seconds"):
                 self.sync_weights(self.policy_version + 1)
         return {
@@ -199,6 +199,10 @@ class Coordinator:
         return {"steps": self.step, "steps_this_run": steps_done, "seconds": self.elapsed(),
                 "checkpoint": str(ckpt.latest(self.checkpoint_root))}
 
+    def get(self, ref):
+        """ray.get with the run's deadline for a remote call (learner.timeout_s): a call never waits forever."""
+        return ray.get(ref, timeout=self.cfg.learner.timeout_s)
+
     def elapsed(self) -> float:
         """Training seconds of the run so far, across resumes, pauses excluded."""
         return time.monotonic() - self.clock_start if self.clock_start is not None else self.elapsed_offset
@@ -223,7 +227,7 @@ class Coordinator:
         tmp = ckpt.begin(root, self.step)
         self.learners.save_checkpoint(str(tmp))
         if self.scorer is not None:
-            ray.get(self.scorer.save_checkpoint.remote(str(tmp / "value")), timeout=self.cfg.learner.timeout_s)
+            self.get(self.scorer.save_checkpoint.remote(str(tmp / "value")))
         if self.policy_path:
             from transformers import AutoTokenizer
 
@@ -236,7 +240,8 @@ class Coordinator:
         (tmp / "config.yaml").write_text(dump_config(self.cfg.model_copy(update={
             "control": self.cfg.control.model_copy(update={"token": None})})))
         final = ckpt.commit(tmp, root, self.step, {"policy_version": self.policy_version,
-                                                    "strategy": self.cfg.selection.type})
+                                                    "strategy": self.cfg.selection.type,
+                                                    "write_seconds": round(time.perf_counter() - started, 3)})
         ckpt.prune(root, self.cfg.checkpoint.keep)
         self.last_checkpoint_step = self.step
         log.info("checkpoint %s written in %.1fs", final, time.perf_counter() - started)
@@ -247,14 +252,14 @@ class Coordinator:
         prefetched = None
         if self.prefetched is not None:
             candidates, values = self.prefetched
-            prefetched = {"ids": [c.id for c in candidates], "values": np.asarray(ray.get(values)).tolist()}
+            prefetched = {"ids": [c.id for c in candidates], "values": np.asarray(self.get(values)).tolist()}
         return {
             "step": self.step,
             "policy_version": self.policy_version,
             "strategy_type": self.cfg.selection.type,
             "elapsed_seconds": self.elapsed(),
             "rng": self.rng.bit_generator.state,
-            "sampler": ray.get(self.sampler.state_dict.remote()),
+            "sampler": self.get(self.sampler.state_dict.remote()),
             "strategy": self.strategy.state_dict(),
             "probes": [[v.tolist(), p.tolist()] for v, p in self.probes],
             "prefetched": prefetched,
@@ -276,15 +281,15 @@ class Coordinator:
                              f"selection.type is {self.cfg.selection.type!r}")
         self.learners.load_checkpoint(str(path))
         if self.scorer is not None and (path / "value").is_dir():
-            ray.get(self.scorer.load_checkpoint.remote(str(path / "value")), timeout=self.cfg.learner.timeout_s)
-        ray.get(self.sampler.load_state_dict.remote(state["sampler"]))
+            self.get(self.scorer.load_checkpoint.remote(str(path / "value")))
+        self.get(self.sampler.load_state_dict.remote(state["sampler"]))
         self.strategy.load_state_dict(state["strategy"])
         self.rng.bit_generator.state = state["rng"]
         self.step, self.policy_version = int(state["step"]), int(state["policy_version"])
         self.elapsed_offset = float(state["elapsed_seconds"])
         self.probes = [(np.asarray(v), np.asarray(p)) for v, p in state["probes"]]
         if state.get("prefetched"):
-            by_id = {p.id: p for p in ray.get(self.sampler.records.remote())}
+            by_id = {p.id: p for p in self.get(self.sampler.records.remote())}
             candidates = [by_id[i] for i in state["prefetched"]["ids"]]
             self.prefetched = (candidates, ray.put(np.asarray(state["prefetched"]["values"])))
         self.prefetch_hits = int(state["prefetch_hits"])
@@ -311,18 +316,18 @@ class Coordinator:
         prefetched, self.prefetched = self.prefetched, None
         if prefetched is not None and request.score and len(prefetched[0]) == request.draw:
             self.prefetch_hits += 1
-            return prefetched[0], np.asarray(ray.get(prefetched[1]))
+            return prefetched[0], np.asarray(self.get(prefetched[1]))
         if request.draw == 0:
             return [], None
-        candidates = ray.get(self.sampler.sample.remote(request.draw))
+        candidates = self.get(self.sampler.sample.remote(request.draw))
         if not request.score:
             return candidates, None
-        return candidates, np.asarray(ray.get(self.scorer.score.remote([c.prompt_token_ids for c in candidates])))
+        return candidates, np.asarray(self.get(self.scorer.score.remote([c.prompt_token_ids for c in candidates])))
 
     def prefetch_candidates(self) -> None:
         """Draw the next step's candidates now and have V score them while this step generates. V then scores
         them before it trains on this step's results: one update staler than without pipelining."""
-        candidates = ray.get(self.sampler.sample.remote(self.strategy.pool_size))
+        candidates = self.get(self.sampler.sample.remote(self.strategy.pool_size))
         self.prefetched = (candidates, self.scorer.score.remote([c.prompt_token_ids for c in candidates]))
 
     def train_value(self, selected: list[PromptRecord], pass_rates: np.ndarray):
@@ -366,7 +371,7 @@ class Coordinator:
         self.reference = {}
         if not n_pre and not path.exists():
             return
-        prompts = ray.get(self.sampler.records.remote())
+        prompts = self.get(self.sampler.records.remote())
         rates = load_reference(path, self.cfg.model.path, prompts, n_pre or None)
         if rates is None and n_pre:
             if self.policy_version != 0:
@@ -407,8 +412,7 @@ class Coordinator:
             if version != self.policy_version:
                 log.warning("rollout worker holds policy version %s, not %s (restarted?): reloading its weights",
                             version, self.policy_version)
-                ray.get(worker.load_weights.remote(self.weights_ref, self.policy_version),
-                        timeout=self.cfg.learner.timeout_s)
+                self.get(worker.load_weights.remote(self.weights_ref, self.policy_version))
                 self.worker_reloads += 1
 
     def evaluate(self, step: int) -> float:

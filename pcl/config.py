@@ -21,6 +21,9 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message names each bad key and where it came from."""
 
 
+Resources = dict[str, Annotated[float, Field(gt=0)]]  # custom Ray resources an actor needs: {name: amount}
+
+
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -75,6 +78,7 @@ class ValueModelConfig(Section):
     batch_size: int = Field(64, ge=1, description="Prompts per forward pass when scoring candidates.")
     grad_clip: float | None = Field(1.0, gt=0)
     ev_sample: int = Field(32, ge=0, description="Unfiltered candidates rolled out each step to measure V's explained variance.")
+    resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each value scorer needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
 
 
 class UniformSelection(Section):
@@ -159,6 +163,7 @@ class RolloutConfig(Section):
     gpu_memory_utilization: float = Field(0.6, gt=0, le=1, description="vLLM only.")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM only.")
     num_gpus_per_worker: float = Field(0.0, ge=0)
+    resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each rollout worker needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
     step_timeout_s: float = Field(1800.0, gt=0, description="Deadline for a step's samples to be generated and verified.")
     deterministic: bool = Field(False, description="Seed each request from (run.seed, step, prompt, first sample "
                                 "index) and generate it alone: samples no longer depend on batching or on which "
@@ -169,6 +174,7 @@ class VerifierConfig(Section):
     num_workers: int = Field(1, ge=1, description="Verifier workers (actors).")
     processes: int = Field(2, ge=1, description="Spawned math-verify processes per worker.")
     timeout_s: float = Field(5.0, gt=0, le=600, description="Hard per-sample timeout; a timeout is reward 0.")
+    resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each verifier worker needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
 
 
 class LearnerConfig(Section):
@@ -176,7 +182,9 @@ class LearnerConfig(Section):
     micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward; gradients accumulate.")
     backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="auto: NCCL with GPUs, gloo without.")
     num_gpus_per_rank: float = Field(0.0, ge=0)
-    timeout_s: float = Field(1800.0, gt=0, description="Deadline for one learner call (a step, a weight gather).")
+    timeout_s: float = Field(1800.0, gt=0, description="Deadline for one learner call (a step, a weight gather, a "
+                             "checkpoint) and for every other remote call the coordinator makes.")
+    resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each learner rank needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
     reshard_after_forward: bool = Field(True, description="FSDP2: free gathered parameters after forward (memory) "
                                         "or keep them for backward (speed, for small models).")
 

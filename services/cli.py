@@ -26,6 +26,9 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from pcl.config import load_config
 
+    if args.resume and "=" in args.resume and not os.path.exists(args.resume):
+        # `--resume key=value`: the optional DIR took an override; it means `--resume` and that override
+        args.overrides, args.resume = [args.resume, *args.overrides], ""
     cfg = load_config(args.config, args.overrides)
     from services.train import run_training
 

@@ -169,15 +169,17 @@ def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
     h["sampler"] = PromptSamplerActor.remote(prep.train_prompts, seed)
     h["scorer"] = None
     if make_strategy(cfg.selection, cfg.run.m, seed, n=cfg.run.n).needs_values:
-        h["scorer"] = ValueScorerActor.options(num_gpus=cfg.learner.num_gpus_per_rank).remote(
+        h["scorer"] = ValueScorerActor.options(num_gpus=cfg.learner.num_gpus_per_rank,
+                                               resources=cfg.value.resources or None).remote(
             prep.value_path, cfg.value.lr, cfg.value.grad_clip, cfg.value.batch_size,
             "cuda" if cfg.learner.num_gpus_per_rank > 0 else "cpu", "float32", seed,
             checkpoints=str(prep.run_dir / "checkpoints"))
     answers = h["answers"] = ray.put(prep.answers)  # held with the handles: a restarted verifier needs it
-    h["verifiers"] = [RewardVerifier.remote(redis_url, run, [answers], i, cfg.verifier.processes, cfg.verifier.timeout_s,
-                                            **queue) for i in range(cfg.verifier.num_workers)]
+    h["verifiers"] = [RewardVerifier.options(resources=cfg.verifier.resources or None).remote(
+        redis_url, run, [answers], i, cfg.verifier.processes, cfg.verifier.timeout_s, **queue)
+        for i in range(cfg.verifier.num_workers)]
     h["rollout_workers"] = [
-        RolloutWorker.options(num_gpus=cfg.rollout.num_gpus_per_worker).remote(
+        RolloutWorker.options(num_gpus=cfg.rollout.num_gpus_per_worker, resources=cfg.rollout.resources or None).remote(
             cfg.rollout.model_dump(), redis_url, run, prep.policy_path, i, seed, cfg.model.dtype,
             "cuda" if gpu else "cpu", threads=cfg.rollout.threads, **queue)
         for i in range(cfg.rollout.num_workers)]
@@ -185,7 +187,7 @@ def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
         prep.policy_path, cfg.learner.num_ranks, cfg.learner.backend, cfg.optimizer.model_dump(),
         cfg.learner.micro_batch_size, "cuda" if cfg.learner.num_gpus_per_rank > 0 else "cpu", cfg.model.dtype, seed,
         num_gpus_per_rank=cfg.learner.num_gpus_per_rank, timeout_s=cfg.learner.timeout_s,
-        reshard_after_forward=cfg.learner.reshard_after_forward)
+        resources=cfg.learner.resources, reshard_after_forward=cfg.learner.reshard_after_forward)
     pings = [a.ping.remote() for a in [h["sampler"], *h["verifiers"], *h["rollout_workers"]] + [h["scorer"]] if a]
     ray.get(pings, timeout=cfg.learner.timeout_s)
     coordinator = Coordinator.remote(cfg.model_dump(), str(prep.run_dir), h, prep.eval_prompts)

@@ -102,7 +102,33 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
         evals = [replace(p, id=f"eval/{p.id}") for p in evals[: cfg.data.eval_size]]
     answers = {p.id: p.answer for p in train}
     answers.update({p.id: p.answer for p in evals})
+    if checkpoint is not None:
+        check_resumable(cfg, checkpoint, len(train))
     return Prepared(out, policy, value, train, evals, answers, checkpoint)
+
+
+# What a resumed run must share with the run that wrote its checkpoint (anything else may change on resume).
+RESUME_FIXED = ("run.name", "run.seed", "run.m", "run.n", "data.source", "selection.type", "model.path")
+
+
+def check_resumable(cfg: Config, checkpoint: Path, num_prompts: int) -> None:
+    """A ConfigError naming each difference that makes `checkpoint` meaningless for `cfg`."""
+    import yaml
+
+    saved = yaml.safe_load((checkpoint / "config.yaml").read_text())
+    now = cfg.model_dump(mode="json")
+    problems = []
+    for key in RESUME_FIXED:
+        section, name = key.split(".")
+        if saved.get(section, {}).get(name) != now[section][name]:
+            problems.append(f"{key} is {now[section][name]!r}; the checkpoint's run had "
+                            f"{saved.get(section, {}).get(name)!r}")
+    state = json.loads((checkpoint / "state.json").read_text())
+    if state["sampler"]["num_prompts"] != num_prompts:
+        problems.append(f"the training set has {num_prompts} usable prompts; the checkpoint's had "
+                        f"{state['sampler']['num_prompts']} (the data changed)")
+    if problems:
+        raise ConfigError(f"cannot resume from {checkpoint}:\n  " + "\n  ".join(problems))
 
 
 def start_ray() -> bool:

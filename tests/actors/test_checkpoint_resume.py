@@ -71,6 +71,12 @@ def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tmp_path):
     first = final_weights(straight)  # and training did move the weights: the comparison is not vacuous
     initial = torch.load(straight / "checkpoints" / f"step-{T:06d}" / "learner.pt", weights_only=False)["model"]
     assert max((first[k] - initial[k]).abs().max().item() for k in first) > 1e-6
+    # The checkpoint's policy/ is a Hugging Face model holding exactly the learner's weights.
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(resumed / "checkpoints" / f"step-{2 * T:06d}" / "policy")
+    hf_state = hf.state_dict()
+    assert max((hf_state[k] - b[k]).abs().max().item() for k in b) == 0.0
     records = assert_each_step_once_and_exact_batches(resumed, 2 * T)
     straight_records = assert_each_step_once_and_exact_batches(straight, 2 * T)
     assert [r["train_reward_mean"] for r in records] == [r["train_reward_mean"] for r in straight_records]
