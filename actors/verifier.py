@@ -17,13 +17,13 @@ from actors.runtime import init_actor_process
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class RewardVerifier:
-    def __init__(self, redis_url: str, run: str, answers: dict | list, worker_id: int, processes: int,
+    def __init__(self, redis_url: str, run: str, answers: dict | None, worker_id: int, processes: int,
                  timeout_s: float, visibility_timeout_s: float = 30.0, max_deliveries: int = 3):
-        """answers: gold answer by prompt id, or `[ObjectRef]` of that dict (one copy for the whole fleet,
-        which the caller keeps alive for restarts)."""
+        """answers: gold answer by prompt id; None reads the run's answers from Redis
+        (`services.fleet.publish_answers`), which is how the fleet starts them: a restarted verifier finds
+        them there whatever became of its creator."""
         init_actor_process(1)
-        if isinstance(answers, list):
-            answers = ray.get(answers[0])
+        from services.fleet import read_answers
         from pcl.reward_pool import RewardPool
         from services.queues import WorkQueue, stream_key
         from services.redis_server import make_client
@@ -31,6 +31,8 @@ class RewardVerifier:
 
         self.pool = RewardPool(processes=processes, timeout_s=timeout_s)
         client = make_client(redis_url)
+        if answers is None:
+            answers = read_answers(client, run)
         name = f"verifier-{worker_id}"
         queue = dict(visibility_timeout_s=visibility_timeout_s, max_deliveries=max_deliveries)
         results = WorkQueue(client, stream_key(run, "rollout_results"), "verifier", name, **queue)

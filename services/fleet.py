@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import time
 from collections import Counter
@@ -152,6 +153,34 @@ def purge_streams(redis_url: str, run: str) -> int:
         client.close()
 
 
+def answers_key(run: str) -> str:
+    return f"pcl:{run}:answers"
+
+
+def publish_answers(redis_url: str, run: str, answers: dict) -> None:
+    """Store the gold answers (prompt id -> str, number or list) in Redis for the verifiers."""
+    from services.redis_server import make_client
+
+    client = make_client(redis_url)
+    try:
+        key, items = answers_key(run), list(answers.items())
+        pipe = client.pipeline(transaction=True)
+        pipe.delete(key)
+        for start in range(0, len(items), 5000):
+            pipe.hset(key, mapping={k: json.dumps(v) for k, v in items[start:start + 5000]})
+        pipe.execute()
+    finally:
+        client.close()
+
+
+def read_answers(client, run: str) -> dict:
+    raw = client.hgetall(answers_key(run))
+    answers = {k.decode() if isinstance(k, bytes) else k: json.loads(v) for k, v in raw.items()}
+    if not answers:
+        raise RuntimeError(f"no gold answers in Redis under {answers_key(run)!r}: the driver publishes them first")
+    return answers
+
+
 def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
     """Start every actor for a run and wait until each answers."""
     from actors.coordinator import Coordinator
@@ -174,9 +203,9 @@ def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
             prep.value_path, cfg.value.lr, cfg.value.grad_clip, cfg.value.batch_size,
             "cuda" if cfg.learner.num_gpus_per_rank > 0 else "cpu", "float32", seed,
             checkpoints=str(prep.run_dir / "checkpoints"))
-    answers = h["answers"] = ray.put(prep.answers)  # held with the handles: a restarted verifier needs it
+    publish_answers(redis_url, run, prep.answers)
     h["verifiers"] = [RewardVerifier.options(resources=cfg.verifier.resources or None).remote(
-        redis_url, run, [answers], i, cfg.verifier.processes, cfg.verifier.timeout_s, **queue)
+        redis_url, run, None, i, cfg.verifier.processes, cfg.verifier.timeout_s, **queue)
         for i in range(cfg.verifier.num_workers)]
     h["rollout_workers"] = [
         RolloutWorker.options(num_gpus=cfg.rollout.num_gpus_per_worker, resources=cfg.rollout.resources or None).remote(
