@@ -185,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"pcl: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        if type(exc).__name__ != "RedisUnavailable":  # services.redis_server's, not imported for --help's sake
+            raise
+        print(f"pcl: {exc}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("pcl: interrupted", file=sys.stderr)
         return 130

@@ -90,13 +90,19 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     policy = resolve_model_path(cfg.model.path, "model.path")
     value = resolve_model_path(cfg.value.path, "value.path") if cfg.value.path else policy
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or policy)
-    train, report = load_prompts(cfg.data, tokenizer, split="train", seed=cfg.run.seed)
+    try:  # a dataset that cannot be read, or has no usable row, is a configuration problem, named as such
+        train, report = load_prompts(cfg.data, tokenizer, split="train", seed=cfg.run.seed)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(f"data.source {cfg.data.source!r}: {exc}") from None
     print(f"pcl: training set {cfg.data.source}: {report.summary()}", flush=True)
     if len(train) < cfg.run.m:
         raise ConfigError(f"data.source {cfg.data.source!r}: {len(train)} usable prompts, fewer than run.m={cfg.run.m}")
     evals = []
     if cfg.data.eval_source and cfg.run.eval_every:
-        evals, report = load_prompts(cfg.data, tokenizer, split="eval", seed=cfg.run.seed)
+        try:
+            evals, report = load_prompts(cfg.data, tokenizer, split="eval", seed=cfg.run.seed)
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"data.eval_source {cfg.data.eval_source!r}: {exc}") from None
         print(f"pcl: held-out set {cfg.data.eval_source}: {report.summary()}", flush=True)
         # Held-out ids get their own namespace: row-index ids of two files would otherwise collide.
         evals = [replace(p, id=f"eval/{p.id}") for p in evals[: cfg.data.eval_size]]

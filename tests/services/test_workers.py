@@ -113,3 +113,31 @@ def test_a_later_round_continues_sample_indices_and_never_collides_with_the_firs
     round_two.offer_all(got + got)  # round one's records, and every record delivered twice
     assert round_two.complete and [r.sample_index for r in round_two.batch()] == [3, 4]
     assert round_two.dropped()["unexpected"] == 6 and round_two.dropped()["duplicates"] == 2
+
+
+def test_hostile_outputs_through_the_verifier_are_reward_0_timed_out_and_counted(redis_client, key_prefix):
+    """Model outputs built to hang or blow up math-verify (an unclosed \\boxed{ bomb, a megabyte string, LaTeX
+    nested thousands deep) pass through the verifier service as reward 0, marked timed out where the hard
+    timeout hit, and counted; the good sample beside them is scored normally."""
+    _, results, rewards = queues(redis_client, key_prefix, "hostile")
+    hostile = {"bomb": "\\boxed{" * 100_000, "megabyte": "9" * 1_000_000,
+               "nested": "\\boxed{" + "\\frac{1}{" * 3000 + "2" + "}" * 3001}
+
+    def result(pid, text):
+        return RolloutResult(key_prefix, 1, pid, 0, 1, pack_tokens([1]), pack_tokens([2]), text, "stop", 0.0)
+
+    results.put([result(pid, text) for pid, text in hostile.items()] + [result("good", r"\boxed{5}")])
+    with RewardPool(processes=1, timeout_s=2.0) as pool:
+        service = VerifierService(pool, {pid: "5" for pid in [*hostile, "good"]}, results, rewards)
+        served = 0
+        while served < 4:
+            served += service.serve_once(block_ms=100)
+    collector = StepCollector(key_prefix, 1, 1, {(pid, 0) for pid in [*hostile, "good"]})
+    reader = WorkQueue(redis_client, rewards.stream, "coordinator", "c", block_ms=50)
+    while not collector.complete:
+        collector.offer_all(r for d in reader.take(100) for r in d.records)
+    got = {r.prompt_id: r for r in collector.batch()}
+    assert got["good"].reward == 1.0 and not got["good"].timed_out
+    assert all(got[pid].reward == 0.0 for pid in hostile)
+    timed_out = sum(bool(got[pid].timed_out) for pid in hostile)
+    assert timed_out >= 1 and service.counts["timeouts"] == timed_out
