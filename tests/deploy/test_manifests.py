@@ -1,0 +1,209 @@
+"""The deployment files, validated: docker-compose.yml against the Compose specification's JSON schema, the
+KubeRay manifests against the RayCluster / RayJob CRDs (tests/deploy/k8s_schema.py), and what each must do for
+the service (persistence, health checks, GPU reservations, profiles, placement, the run config). No Docker
+engine or cluster is needed; the negative tests show the validators reject what they should."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.deploy.k8s_schema import SUBMISSION_MODES, validate
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO.parent / "shared" / "data" / "deploy"
+KUBERAY = REPO / "deploy" / "kuberay"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
+
+
+@pytest.fixture(scope="module")
+def compose_schema() -> dict:
+    return json.loads((SHARED / "compose" / "compose-spec.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def manifests() -> dict[tuple[str, str], dict]:
+    kustomization = yaml.safe_load((KUBERAY / "kustomization.yaml").read_text())
+    objects = {}
+    for name in kustomization["resources"]:
+        for doc in yaml.safe_load_all((KUBERAY / name).read_text()):
+            objects[(doc["kind"], doc["metadata"]["name"])] = doc
+    return objects
+
+
+# -- docker-compose.yml -------------------------------------------------------------------------------------------
+
+def test_compose_file_is_valid_against_the_compose_spec(compose, compose_schema):
+    jsonschema.Draft7Validator(compose_schema).validate(compose)
+
+
+def test_compose_validator_rejects_a_wrong_file(compose, compose_schema):
+    bad = json.loads(json.dumps(compose))
+    bad["services"]["demo"]["depends_on"]["redis"]["condition"] = "service_happy"  # not a condition
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(compose_schema).validate(bad)
+    bad = json.loads(json.dumps(compose))
+    bad["services"]["redis"]["restart_policy"] = "always"  # not a service key
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(compose_schema).validate(bad)
+
+
+def test_redis_persists_and_reports_health(compose):
+    redis = compose["services"]["redis"]
+    command = " ".join(redis["command"])
+    assert "--appendonly yes" in command
+    assert redis["healthcheck"]["test"][-1] == "ping"
+    assert any(v.endswith(":/data") for v in redis["volumes"])
+
+
+def test_gpu_workers_reserve_gpus_and_shared_memory(compose):
+    worker = compose["services"]["ray-gpu-worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert devices and devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"
+    assert worker["shm_size"] and compose["services"]["ray-head"]["shm_size"]
+    assert "--address=pcl-head:6379" in worker["command"]
+
+
+def test_dependencies_wait_for_health(compose):
+    services = compose["services"]
+    for name, service in services.items():
+        for dependency, condition in (service.get("depends_on") or {}).items():
+            assert condition["condition"] == "service_healthy", (name, dependency)
+            assert "healthcheck" in services[dependency], (name, dependency)
+    assert "redis" in services["demo"]["depends_on"] and "ray-head" in services["ray-gpu-worker"]["depends_on"]
+
+
+def test_cpu_profile_runs_the_tiny_demo_without_a_gpu(compose):
+    services = compose["services"]
+    cpu = {name for name, s in services.items() if "cpu" in s.get("profiles", [])}
+    always = {name for name, s in services.items() if not s.get("profiles")}
+    assert cpu == {"demo"}
+    for name in cpu | always:
+        assert "devices" not in json.dumps(services[name].get("deploy", {})), name
+    demo = services["demo"]
+    assert demo["build"]["target"] == "cpu" and demo["command"][:2] == ["train", "configs/tiny.yaml"]
+    assert "8600:8600" in demo["ports"] and demo["environment"]["REDIS_URL"].startswith("redis://redis:")
+    assert {"prometheus", "grafana", "redis"} <= always
+
+
+def test_prometheus_scrapes_the_control_plane_and_ray(compose):
+    config = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert jobs["pcl-control-plane"]["static_configs"][0]["targets"] == ["pcl-head:8600"]
+    assert "file_sd_configs" in jobs["ray"]
+    # pcl-head resolves in both profiles: the head's hostname, the demo's network alias
+    assert compose["services"]["ray-head"]["hostname"] == "pcl-head"
+    assert "pcl-head" in compose["services"]["demo"]["networks"]["default"]["aliases"]
+
+
+def test_mounted_files_exist_and_grafana_gets_the_pcl_dashboard(compose):
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (REPO / source).exists(), (name, source)
+    grafana = compose["services"]["grafana"]
+    assert "./deploy/grafana/pcl-dashboard.json:/var/lib/grafana/dashboards/pcl-dashboard.json:ro" in grafana["volumes"]
+    provider = yaml.safe_load((REPO / "deploy/grafana/provisioning/dashboards/pcl.yaml").read_text())
+    assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
+    datasource = yaml.safe_load((REPO / "deploy/grafana/provisioning/datasources/prometheus.yaml").read_text())
+    assert datasource["datasources"][0]["url"] == "http://prometheus:9090"
+    dashboard = json.loads((REPO / "deploy/grafana/pcl-dashboard.json").read_text())
+    assert any(v["name"] == "DS_PROMETHEUS" and v["type"] == "datasource" for v in dashboard["templating"]["list"])
+
+
+def test_dockerfile_has_both_targets_a_non_root_user_and_pcl_as_entry_point():
+    text = (REPO / "deploy" / "Dockerfile").read_text()
+    stages = [line.split()[-1] for line in text.splitlines() if line.startswith("FROM ")]
+    assert stages == ["cpu", "gpu"]
+    assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in text
+    assert text.count('ENTRYPOINT ["pcl"]') == 2 and text.count("USER pcl") == 2
+    for pin in ("vllm==0.11.0", "torch==2.8.0", "ray[default]==2.50.0"):
+        assert pin in text, pin
+    for path in ("pcl", "actors", "services", "configs", "pyproject.toml"):
+        assert (REPO / path).exists()
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert ".venv" in ignored and ".git" in ignored
+
+
+# -- deploy/kuberay -----------------------------------------------------------------------------------------------
+
+def test_raycluster_and_rayjob_validate_against_the_crds(manifests):
+    stored = {kind: validate(obj) for (kind, _), obj in manifests.items() if kind in ("RayCluster", "RayJob")}
+    assert set(stored) == {"RayCluster", "RayJob"}
+
+
+def test_crd_validator_rejects_unknown_fields_and_wrong_types(manifests):
+    cluster = json.loads(json.dumps(manifests[("RayCluster", "pcl")]))
+    cluster["spec"]["headGroupSpec"]["rayStartParam"] = {"num-cpus": "0"}  # a typo the server would prune
+    with pytest.raises(jsonschema.ValidationError, match="rayStartParam"):
+        validate(cluster)
+    cluster = json.loads(json.dumps(manifests[("RayCluster", "pcl")]))
+    cluster["spec"]["workerGroupSpecs"][0]["replicas"] = "one"
+    with pytest.raises(jsonschema.ValidationError):
+        validate(cluster)
+
+
+def test_defaults_are_applied_and_nulls_dropped(manifests):
+    job = json.loads(json.dumps(manifests[("RayJob", "pcl-train")]))
+    job["spec"].pop("submissionMode")
+    job["spec"]["runtimeEnvYAML"] = None
+    stored = validate(job)
+    assert stored["spec"]["submissionMode"] == "K8sJobMode" and "runtimeEnvYAML" not in stored["spec"]
+
+
+def test_rayjob_runs_pcl_train_on_the_cluster_with_its_configmap(manifests):
+    job = manifests[("RayJob", "pcl-train")]["spec"]
+    assert job["submissionMode"] in SUBMISSION_MODES
+    assert job["entrypoint"].startswith("pcl train /config/run.yaml")
+    assert job["clusterSelector"] == {"ray.io/cluster": "pcl"}
+    head = manifests[("RayCluster", "pcl")]["spec"]["headGroupSpec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in head["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in head["volumes"]}
+    assert mounts["run-config"] == "/config" and volumes["run-config"]["configMap"]["name"] == "pcl-run-config"
+    assert ("ConfigMap", "pcl-run-config") in manifests
+
+
+def test_run_config_in_the_configmap_is_a_valid_run_config(manifests, tmp_path):
+    from pcl.config import load_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text(manifests[("ConfigMap", "pcl-run-config")]["data"]["run.yaml"])
+    cfg = load_config(path)
+    assert (cfg.run.m, cfg.run.n, cfg.selection.type) == (512, 16, "pcl")
+    assert cfg.rollout.resources and cfg.learner.resources  # placed on the GPU group's resources
+    worker = manifests[("RayCluster", "pcl")]["spec"]["workerGroupSpecs"][0]
+    offered = json.loads(json.loads(worker["rayStartParams"]["resources"]))
+    assert set(cfg.rollout.resources) <= set(offered) and set(cfg.learner.resources) <= set(offered)
+
+
+def test_head_schedules_no_work_and_workers_request_gpus(manifests):
+    spec = manifests[("RayCluster", "pcl")]["spec"]
+    assert spec["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
+    worker = spec["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]
+    assert worker["limits"]["nvidia.com/gpu"] == worker["requests"]["nvidia.com/gpu"]
+    ports = {p["name"]: p["containerPort"] for p in spec["headGroupSpec"]["template"]["spec"]["containers"][0]["ports"]}
+    assert ports["pcl"] == 8600 and ports["dashboard"] == 8265
+
+
+def test_redis_secret_and_podmonitor(manifests):
+    redis = manifests[("StatefulSet", "pcl-redis")]["spec"]["template"]["spec"]["containers"][0]
+    assert "--appendonly" in redis["args"] and redis["readinessProbe"]["exec"]["command"] == ["redis-cli", "ping"]
+    assert ("Service", "pcl-redis") in manifests
+    secret = manifests[("Secret", "pcl-api-token")]
+    env = manifests[("RayCluster", "pcl")]["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]
+    token = next(e for e in env if e["name"] == "PCL_API_TOKEN")
+    assert token["valueFrom"]["secretKeyRef"] == {"name": "pcl-api-token", "key": "token"}
+    assert "token" in secret["stringData"]
+    monitor = manifests[("PodMonitor", "pcl-head")]["spec"]
+    assert monitor["selector"]["matchLabels"]["ray.io/node-type"] == "head"
+    assert {e["port"] for e in monitor["podMetricsEndpoints"]} == {"pcl", "metrics"}
+    assert manifests[("PersistentVolumeClaim", "pcl-runs")]["spec"]["accessModes"] == ["ReadWriteMany"]
