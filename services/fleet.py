@@ -189,13 +189,18 @@ def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
     from actors.sampler import PromptSamplerActor
     from actors.scorer import ValueScorerActor
     from actors.verifier import RewardVerifier
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
     from pcl.strategies import make_strategy
 
     seed, run = cfg.run.seed, cfg.run.name
     gpu = cfg.rollout.num_gpus_per_worker > 0
     queue = dict(visibility_timeout_s=cfg.redis.visibility_timeout_s, max_deliveries=cfg.redis.max_deliveries)
     h: dict = {"redis_url": redis_url, "policy_path": prep.policy_path}
-    h["sampler"] = PromptSamplerActor.remote(prep.train_prompts, seed)
+    # The coordinator and the sampler live on the driver's node: they write the run directory beside the driver,
+    # and losing them is losing the run's driver node anyway (the rest is placed by the resources it asks for).
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    h["sampler"] = PromptSamplerActor.options(scheduling_strategy=here).remote(prep.train_prompts, seed)
     h["scorer"] = None
     if make_strategy(cfg.selection, cfg.run.m, seed, n=cfg.run.n).needs_values:
         h["scorer"] = ValueScorerActor.options(num_gpus=cfg.learner.num_gpus_per_rank,
@@ -219,5 +224,6 @@ def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
         resources=cfg.learner.resources, reshard_after_forward=cfg.learner.reshard_after_forward)
     pings = [a.ping.remote() for a in [h["sampler"], *h["verifiers"], *h["rollout_workers"]] + [h["scorer"]] if a]
     ray.get(pings, timeout=cfg.learner.timeout_s)
-    coordinator = Coordinator.remote(cfg.model_dump(), str(prep.run_dir), h, prep.eval_prompts)
+    coordinator = Coordinator.options(scheduling_strategy=here).remote(cfg.model_dump(), str(prep.run_dir), h,
+                                                                      prep.eval_prompts)
     return Fleet(coordinator, h)

@@ -228,6 +228,10 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
           f"m={cfg.run.m} n={cfg.run.n}  {len(prep.train_prompts)} train / {len(prep.eval_prompts)} eval prompts",
           flush=True)
     redis = open_redis(cfg.redis, prep.run_dir / "redis")
+    if redis.embedded and os.environ.get("RAY_ADDRESS"):
+        print("pcl: warning: no redis.url / REDIS_URL with a Ray cluster: the embedded Redis listens on this host "
+              "only, so actors on other hosts cannot reach it (fine when every node is this machine)",
+              file=sys.stderr, flush=True)
     control, own_ray, fleet = None, False, None
     checkpoint, restarts = prep.checkpoint, 0
     snapshot = None
