@@ -42,7 +42,11 @@ class RunConfig(Section):
 
 
 class DataConfig(Section):
-    source: str = Field("tiny", description="'tiny', a local .jsonl/.json/.parquet path, or a Hugging Face dataset name.")
+    source: str = Field("tiny", description="'tiny', a known dataset (math, deepscaler, math500, aime24, aime25, amc23, "
+                        "minerva, olympiadbench, or their Hugging Face names: pcl.datasets), a local .jsonl/.json/.parquet "
+                        "path, or another Hugging Face dataset name.")
+    root: str | None = Field(None, description="Directory of local copies of the known datasets (math500.jsonl, ...), "
+                             "read instead of the hub; PCL_DATA_ROOT when unset.")
     split: str = Field("train", description="Split, for Hugging Face datasets.")
     prompt_field: str = Field("problem", description="Field holding the question.")
     answer_field: str = Field("answer", description="Field holding the gold answer (str, number or list).")

@@ -339,5 +339,14 @@ def load_prompts(
             raise ValueError("data.eval_source is not set: there is no held-out set to load")
         source, tiny_split, size = data_cfg.eval_source, "eval", data_cfg.eval_size
         hf_split = "test" if split == "eval" else split
+    from pcl.datasets import data_root, fields_for, lookup, read_known
+
+    known = lookup(source)
+    if known is not None:  # a known dataset: its own split and field mapping, a local copy when there is one
+        root = data_root(data_cfg.root)
+        fields = fields_for(known, root)
+        data_cfg = data_cfg.model_copy(update={"prompt_field": fields.prompt, "answer_field": fields.answer,
+                                               "id_field": fields.id})
+        return build_prompts(read_known(known, root), data_cfg, tokenizer, source=source)
     rows = load_rows(source, tiny_split if source == "tiny" else hf_split, size=size, seed=seed)
     return build_prompts(rows, data_cfg, tokenizer, source=source)

@@ -7,6 +7,8 @@
     pcl status [--url URL] [--json]                        a run's status, as a table
     pcl probe-batch CONFIG [--sizes B,...] [--repeats R] [key=value ...]   generation time over batch sizes
     pcl experiment CONFIG [--report-only]                   a strategy comparison and its report
+    pcl eval --model PATH [--suite math500,aime24,...] [--k 32] [--limit N] [--out DIR]   avg@k per benchmark
+    pcl export RUN_DIR|CHECKPOINT --out DIR                 the policy in Hugging Face format
 """
 
 from __future__ import annotations
@@ -33,6 +35,58 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from services.train import run_training
 
     return run_training(cfg, run_dir=args.run_dir, resume=args.resume)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from pcl.config import ConfigError, RolloutConfig
+
+    from pcl import evaluation as ev
+
+    try:
+        names = ev.parse_suite(args.suite)
+        ks = ev.parse_k(args.k, names)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    from services.train import resolve_model_path
+
+    model = resolve_model_path(args.model, "--model")
+    from transformers import AutoTokenizer
+
+    from pcl.engines import make_engine
+    from pcl.reward_pool import RewardPool
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    try:
+        suite = ev.load_suite(names, tokenizer, args.template, root=args.data_root, limit=args.limit)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(str(exc)) from None
+    engine = make_engine(RolloutConfig(engine=args.engine), model, args.seed, dtype=args.dtype, device=args.device)
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    start = time.perf_counter()
+    with RewardPool(processes=args.verifier_processes, timeout_s=args.verifier_timeout) as pool:
+        results = ev.evaluate(engine, pool, suite, ks, sampling, args.max_new_tokens, seed=args.seed)
+    out = Path(args.out or f"evals/{Path(model).name or 'model'}")
+    meta = {"model": args.model, "template": args.template, **sampling, "max_new_tokens": args.max_new_tokens,
+            "limit": args.limit, "seed": args.seed, "seconds": round(time.perf_counter() - start, 1)}
+    paths = ev.write_reports(results, out, meta)
+    print(ev.format_table(results))
+    print(f"pcl: wrote {paths[0]} and {paths[1]}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from pcl.config import ConfigError
+    from pcl.export import export_policy
+
+    try:
+        out = export_policy(args.source, args.out)
+    except (FileNotFoundError, FileExistsError) as exc:
+        raise ConfigError(str(exc)) from None
+    print(f"pcl: exported the policy to {out} (loadable with from_pretrained and by vLLM)")
+    return 0
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -161,6 +215,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("config", help="experiment config, e.g. configs/experiments/tiny-compare.yaml")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from the runs already there")
     p.set_defaults(func=_cmd_experiment)
+
+    p = sub.add_parser("eval", help="the paper's evaluation suite on a model: avg@k per benchmark")
+    p.add_argument("--model", required=True, help="a Hugging Face model directory, a hub name, or 'tiny'")
+    p.add_argument("--suite", default="math500,aime24,aime25,amc23,minerva,olympiadbench",
+                   help="comma-separated benchmarks (default: all six)")
+    p.add_argument("--k", help="samples per prompt: one int for all, or name=k,... (default: the paper's: AIME and "
+                   "AMC 32, Minerva 4, MATH500 and OlympiadBench 1)")
+    p.add_argument("--limit", type=int, help="the first N prompts of each benchmark (smoke runs)")
+    p.add_argument("--out", help="directory for eval.json and eval.md (default evals/<model name>)")
+    p.add_argument("--data-root", help="local copies of the benchmarks (default $PCL_DATA_ROOT, else the hub)")
+    p.add_argument("--template", default="qwen_base", choices=["qwen_base", "chat", "plain", "tiny"])
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--top-k", type=int, default=20, help="-1 disables top-k")
+    p.add_argument("--max-new-tokens", type=int, default=3072)
+    p.add_argument("--engine", default="hf", choices=["hf", "vllm"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verifier-processes", type=int, default=2)
+    p.add_argument("--verifier-timeout", type=float, default=5.0)
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("export", help="export a run's (or checkpoint's) policy in Hugging Face format")
+    p.add_argument("source", help="a run directory, a checkpoint directory, or a model directory")
+    p.add_argument("--out", required=True, help="an empty or new directory")
+    p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("config", help="print the resolved config (file + overrides) as YAML")
     p.add_argument("config")
