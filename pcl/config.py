@@ -216,6 +216,23 @@ class CheckpointConfig(Section):
                               "learner rank, the sampler or the coordinator lost, a deadline missed.")
 
 
+class EvaluationConfig(Section):
+    """The paper's benchmarks (pcl eval's suite) evaluated through the rollout fleet during training."""
+
+    suite: list[Literal["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"]] = Field(
+        default_factory=list, description="Benchmarks evaluated every `every` steps; empty: none.")
+    every: int = Field(0, ge=0, description="Evaluate the suite every N steps and at the end; 0: never.")
+    k: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict, description="avg@k per benchmark; the "
+                                                      "paper's for those not named (AIME, AMC 32; Minerva 4; others 1).")
+    limit: int | None = Field(None, ge=1, description="The first N prompts of each benchmark only.")
+    temperature: float = Field(0.6, ge=0, le=5)
+    top_p: float = Field(0.95, gt=0, le=1)
+    top_k: int = Field(20, ge=-1, description="-1 disables top-k.")
+    max_new_tokens: int | None = Field(None, ge=1, description="rollout.max_new_tokens when unset.")
+    keep_best: bool = Field(True, description="Checkpoint at each new best suite average and keep it (best.json "
+                            "names it) beside the last checkpoint.keep.")
+
+
 class Config(Section):
     run: RunConfig = RunConfig()
     data: DataConfig = DataConfig()
@@ -229,6 +246,7 @@ class Config(Section):
     redis: RedisConfig = RedisConfig()
     control: ControlConfig = ControlConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -288,22 +306,41 @@ def validate_tree(tree: dict, source: str = "<config>") -> Config:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Read a YAML config (or the defaults when path is None) and apply dotted `key=value` overrides."""
+def _read_yaml(path: str | os.PathLike) -> dict:
+    source, p = str(path), Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {source!r} does not exist")
+    try:
+        loaded = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(loaded).__name__}")
+    return loaded or {}
+
+
+def _merge(base: dict, layer: dict) -> dict:
+    """`layer` over `base`, section by section; a selection of another type replaces the base's whole."""
+    out = dict(base)
+    for key, value in layer.items():
+        same_strategy = key != "selection" or (base.get("selection") or {}).get("type") == value.get("type", None)
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and same_strategy:
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | os.PathLike | list | tuple | None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a YAML config (or the defaults when path is None; several files are layered in order, later ones
+    winning key by key, e.g. a paper preset then a baseline's selection) and apply dotted `key=value` overrides."""
     tree: dict = {}
     source = "<defaults>"
-    if path is not None:
-        source = str(path)
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {source!r} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{source}: not valid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{source}: the top level must be a mapping of sections, got {type(loaded).__name__}")
-        tree = loaded or {}
+    paths = [] if path is None else list(path) if isinstance(path, (list, tuple)) else [path]
+    for p in paths:
+        tree = _merge(tree, _read_yaml(p))
+    if paths:
+        source = " + ".join(str(p) for p in paths)
     cfg = validate_tree(tree, source)
     if overrides:
         # Overrides apply to the validated tree so a strategy's defaults survive a partial override, but a

@@ -2,7 +2,7 @@
 `pcl --help` returns at once.
 
     pcl make-tiny [--seed 0] [--out DIR]                  build the embedded default's tiny task and model
-    pcl train CONFIG [--run-dir DIR] [--resume [DIR]] [key=value ...]
+    pcl train CONFIG [MORE.yaml ...] [--run-dir DIR] [--resume [DIR]] [key=value ...]
     pcl control --redis-url URL (--run NAME | --config CONFIG) [key=value ...]   serve a run's control plane
     pcl status [--url URL] [--json]                        a run's status, as a table
     pcl probe-batch CONFIG [--sizes B,...] [--repeats R] [key=value ...]   generation time over batch sizes
@@ -31,7 +31,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.resume and "=" in args.resume and not os.path.exists(args.resume):
         # `--resume key=value`: the optional DIR took an override; it means `--resume` and that override
         args.overrides, args.resume = [args.resume, *args.overrides], ""
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(*_config_files(args))
     from services.train import run_training
 
     return run_training(cfg, run_dir=args.run_dir, resume=args.resume)
@@ -89,10 +89,16 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config_files(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """CONFIG plus further YAML files among the arguments (layered in order), and the key=value overrides."""
+    files = [args.config] + [a for a in args.overrides if "=" not in a and a.endswith((".yaml", ".yml"))]
+    return files, [a for a in args.overrides if a not in files]
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
     from pcl.config import dump_config, load_config
 
-    print(dump_config(load_config(args.config, args.overrides)), end="")
+    print(dump_config(load_config(*_config_files(args))), end="")
     return 0
 
 

@@ -1,0 +1,61 @@
+"""Every paper preset and every preset + baseline combination loads and validates, with the paper's numbers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pcl.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+PRESETS = sorted((REPO / "configs" / "presets").glob("*.yaml"))
+BASELINES = sorted((REPO / "configs" / "baselines").glob("*.yaml"))
+MODELS = {"qwen3-1.7b-base": "Qwen/Qwen3-1.7B-Base", "qwen3-4b-base": "Qwen/Qwen3-4B-Base",
+          "qwen3-8b-base": "Qwen/Qwen3-8B-Base", "llama3.2-3b-instruct": "meta-llama/Llama-3.2-3B-Instruct"}
+
+
+def test_all_eight_presets_and_five_baselines_are_there():
+    assert len(PRESETS) == 8 and {p.stem.rsplit("-", 1)[0] for p in PRESETS} == set(MODELS)
+    assert {p.stem for p in BASELINES} == {"uniform", "prefilter", "dynamic_sampling", "speed", "greso"}
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_preset_has_the_papers_settings(path):
+    cfg = load_config(path)
+    model, dataset = path.stem.rsplit("-", 1)
+    assert cfg.model.path == MODELS[model] and cfg.model.dtype == "bfloat16"
+    assert (cfg.run.m, cfg.run.n) == (512, 16)
+    assert (cfg.selection.type, cfg.selection.tau, cfg.selection.k) == ("pcl", 0.5, 4)
+    assert cfg.value.lr == 1e-6 and cfg.value.path is None  # V: the policy's size and backbone
+    assert cfg.optimizer.lr == {"math": 8e-6, "deepscaler": 4e-6}[dataset]
+    assert cfg.data.source == dataset
+    assert cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens == 4096
+    assert cfg.data.template == ("chat" if "instruct" in model else "qwen_base")
+    assert cfg.rollout.engine == "vllm" and cfg.learner.backend == "nccl" and cfg.learner.num_gpus_per_rank == 1
+    assert cfg.evaluation.suite == ["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"]
+
+
+@pytest.mark.parametrize("baseline", BASELINES, ids=lambda p: p.stem)
+def test_each_baseline_over_a_preset_replaces_only_the_selection(baseline):
+    preset = REPO / "configs" / "presets" / "qwen3-4b-base-deepscaler.yaml"
+    base, combined = load_config(preset), load_config([preset, baseline])
+    assert combined.selection.type == baseline.stem
+    assert combined.model_dump(exclude={"selection"}) == base.model_dump(exclude={"selection"})
+    if baseline.stem == "prefilter":
+        assert (combined.selection.n_pre, combined.selection.p_low, combined.selection.p_high) == (16, 0.0, 1.0)
+    if baseline.stem == "speed":
+        assert combined.selection.n_init == 4
+
+
+def test_layering_keeps_a_same_strategy_section_and_cli_takes_several_files(tmp_path):
+    extra = tmp_path / "tau.yaml"
+    extra.write_text("selection:\n  type: pcl\n  tau: 0.3\n")
+    cfg = load_config([REPO / "configs" / "presets" / "qwen3-4b-base-math.yaml", extra], ["run.steps=7"])
+    assert (cfg.selection.tau, cfg.selection.k, cfg.run.steps) == (0.3, 4, 7)
+    run = subprocess.run([sys.executable, "-m", "services.cli", "config", "configs/presets/qwen3-8b-base-math.yaml",
+                          "configs/baselines/speed.yaml", "run.steps=9"], cwd=REPO, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "type: speed" in run.stdout and "steps: 9" in run.stdout and "Qwen/Qwen3-8B-Base" in run.stdout
