@@ -38,6 +38,7 @@ from pcl.strategies import Request, make_strategy
 from pcl.strategies.reference import REFERENCE_FILE, load_reference, pass_rates, save_reference
 
 REFERENCE_CHUNK = 1024  # prompts per generation call of the reference pass
+BEST_FILE = "best.json"  # the best checkpoint by the evaluation suite's average
 log = logging.getLogger(__name__)
 
 
@@ -70,7 +71,8 @@ class StepBatch:
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class Coordinator:
-    def __init__(self, cfg: dict, run_dir: str, fleet: dict, eval_prompts: list[PromptRecord]):
+    def __init__(self, cfg: dict, run_dir: str, fleet: dict, eval_prompts: list[PromptRecord],
+                 suite: dict[str, list[PromptRecord]] | None = None):
         from services.fleet import RolloutClient  # noqa: PLC0415 - keeps redis out of import time
         from services.run_control import RunControl  # noqa: PLC0415
 
@@ -90,6 +92,9 @@ class Coordinator:
         self.last_checkpoint_step: int | None = None
         self.worker_reloads = 0  # weights given to rollout workers Ray restarted
         self.last_ids: list[str] = []
+        self.suite = suite or {}  # the paper's benchmarks, evaluated every evaluation.every steps
+        best = Path(run_dir) / BEST_FILE
+        self.best = json.loads(best.read_text()) if best.is_file() else None  # {step, average, checkpoint, ...}
         self.rng = np.random.default_rng(self.cfg.run.seed + 7919)
         self.policy_version = 0
         self.probes: list[tuple[np.ndarray, np.ndarray]] = []  # (V, p) of recent unfiltered probes
@@ -185,6 +190,9 @@ class Coordinator:
             record = self.train_step(step)
             if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 or step + 1 == cfg.run.steps:
                 record["eval_accuracy"] = self.evaluate(step + 1)
+            suite_due = self.suite and ((step + 1) % cfg.evaluation.every == 0 or step + 1 == cfg.run.steps)
+            if suite_due:
+                record.update(self.evaluate_suite(step + 1))
             record["elapsed_seconds"] = self.elapsed()
             self.log.append(record)
             self.selections.append({"step": step + 1, "ids": self.last_ids})
@@ -193,6 +201,8 @@ class Coordinator:
             steps_done += 1
             if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                 self.save_checkpoint()
+            if suite_due:
+                self.track_best(record)
         if self.last_checkpoint_step != self.step:
             self.save_checkpoint()
         self.control.finish(self.step)
@@ -242,7 +252,7 @@ class Coordinator:
         final = ckpt.commit(tmp, root, self.step, {"policy_version": self.policy_version,
                                                     "strategy": self.cfg.selection.type,
                                                     "write_seconds": round(time.perf_counter() - started, 3)})
-        ckpt.prune(root, self.cfg.checkpoint.keep)
+        ckpt.prune(root, self.cfg.checkpoint.keep, protect=((self.best or {}).get("checkpoint"),))
         self.last_checkpoint_step = self.step
         log.info("checkpoint %s written in %.1fs", final, time.perf_counter() - started)
         return str(final)
@@ -414,6 +424,37 @@ class Coordinator:
                             version, self.policy_version)
                 self.get(worker.load_weights.remote(self.weights_ref, self.policy_version))
                 self.worker_reloads += 1
+
+    def evaluate_suite(self, step: int) -> dict[str, float]:
+        """The paper's benchmarks with the current policy through the fleet: avg@k of each (the same suite, k and
+        decoding as `pcl eval`), as `suite_<name>` and their mean as `suite_average`."""
+        from pcl.evaluation import avg_at_k, parse_k
+
+        ev = self.cfg.evaluation
+        ks = parse_k(dict(ev.k), list(self.suite))
+        sampling = {"top_p": ev.top_p, "top_k": ev.top_k, "max_new_tokens": ev.max_new_tokens}
+        out = {}
+        for name, prompts in self.suite.items():
+            samples = self.rollouts.generate_rollouts(step, self.policy_version, [(p, ks[name], 0) for p in prompts],
+                                                      temperature=ev.temperature, tag="suite", on_wait=self.check_fleet,
+                                                      sampling=sampling)
+            rewards: dict[str, list[float]] = {}
+            for sample in samples:
+                rewards.setdefault(sample.prompt_id, []).append(sample.reward)
+            out[f"suite_{name}"] = avg_at_k(list(rewards.values()))
+        out["suite_average"] = float(np.mean(list(out.values())))
+        return out
+
+    def track_best(self, record: dict) -> None:
+        """With evaluation.keep_best: a new best suite average gets a checkpoint (kept whatever checkpoint.keep)
+        and RUN_DIR/best.json names it."""
+        if not self.cfg.evaluation.keep_best or (self.best and record["suite_average"] <= self.best["average"]):
+            return
+        path = self.save_checkpoint() if self.last_checkpoint_step != self.step else \
+            str(self.checkpoint_root / ckpt.step_dir_name(self.step))
+        self.best = {"step": self.step, "average": record["suite_average"], "checkpoint": path,
+                     "scores": {k: v for k, v in record.items() if k.startswith("suite_")}}
+        ckpt.write_json(Path(self.run_dir) / BEST_FILE, self.best)
 
     def evaluate(self, step: int) -> float:
         """Held-out accuracy: mean verified reward of `run.eval_samples` samples per held-out prompt."""

@@ -127,11 +127,12 @@ def step_of(checkpoint: Path) -> int:
     return int(json.loads((Path(checkpoint) / COMPLETE).read_text())["step"])
 
 
-def prune(root: str | os.PathLike, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` complete checkpoints and any leftover temporary directories of
-    processes that are gone; returns what was deleted."""
+def prune(root: str | os.PathLike, keep: int, protect: tuple = ()) -> list[Path]:
+    """Delete all but the newest `keep` complete checkpoints (and those in `protect`, e.g. the best one) and any
+    leftover temporary directories of processes that are gone; returns what was deleted."""
     root = Path(root)
-    removed = complete_checkpoints(root)[:-keep] if keep > 0 else []
+    kept = {Path(p).resolve() for p in protect if p}
+    removed = [p for p in (complete_checkpoints(root)[:-keep] if keep > 0 else []) if p.resolve() not in kept]
     if root.is_dir():
         for p in root.iterdir():
             if p.name.startswith((".tmp-", ".old-")) and not _owner_alive(p.name):

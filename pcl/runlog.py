@@ -93,6 +93,9 @@ def format_step_line(r: dict, total_steps: int) -> str:
             f"sync {f('weight_sync_seconds', '.2f')}s  step {f('step_seconds', '.2f')}s")
     if r.get("eval_accuracy") is not None:
         line += f"  eval_acc {r['eval_accuracy']:.3f}"
+    if r.get("suite_average") is not None:
+        scores = " ".join(f"{k[6:]} {v:.3f}" for k, v in r.items() if k.startswith("suite_") and k != "suite_average")
+        line += f"  suite {r['suite_average']:.3f} ({scores})"
     return line
 
 

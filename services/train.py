@@ -38,6 +38,7 @@ class Prepared:
     eval_prompts: list
     answers: dict
     checkpoint: Path | None = None  # the checkpoint a resumed run starts from
+    suite: dict | None = None  # benchmark name -> prompt records, evaluated every evaluation.every steps
 
 
 def resolve_model_path(path: str, what: str) -> str:
@@ -106,11 +107,24 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
         print(f"pcl: held-out set {cfg.data.eval_source}: {report.summary()}", flush=True)
         # Held-out ids get their own namespace: row-index ids of two files would otherwise collide.
         evals = [replace(p, id=f"eval/{p.id}") for p in evals[: cfg.data.eval_size]]
+    suite = None
+    if cfg.evaluation.suite and cfg.evaluation.every:
+        from pcl.evaluation import load_suite
+
+        try:
+            suite = load_suite(list(cfg.evaluation.suite), tokenizer, cfg.data.template, root=cfg.data.root,
+                               limit=cfg.evaluation.limit, max_prompt_tokens=cfg.data.max_prompt_tokens)
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"evaluation.suite: {exc}") from None
+        print(f"pcl: evaluation suite every {cfg.evaluation.every} steps: "
+              + ", ".join(f"{name} ({len(records)})" for name, records in suite.items()), flush=True)
     answers = {p.id: p.answer for p in train}
     answers.update({p.id: p.answer for p in evals})
+    for records in (suite or {}).values():
+        answers.update({p.id: p.answer for p in records})
     if checkpoint is not None:
         check_resumable(cfg, checkpoint, len(train))
-    return Prepared(out, policy, value, train, evals, answers, checkpoint)
+    return Prepared(out, policy, value, train, evals, answers, checkpoint, suite)
 
 
 # What a resumed run must share with the run that wrote its checkpoint (anything else may change on resume).

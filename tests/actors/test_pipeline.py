@@ -76,3 +76,32 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
     cfg = load_config("configs/tiny.yaml", [f"model.path={tmp_path / 'nope'}"])
     with pytest.raises(ConfigError, match="no such model directory"):
         run_training(cfg, run_dir=str(tmp_path / "run"))
+
+
+def test_the_evaluation_suite_runs_during_training_and_the_best_checkpoint_is_kept(untrained_tiny, tmp_path, capsys):
+    """The paper's benchmarks (real MATH500 / AIME24 files, the first 3 prompts) evaluated through the fleet every 2
+    steps with avg@k; the best suite average is checkpointed and kept beyond checkpoint.keep."""
+    from pathlib import Path
+
+    from services.train import run_training
+
+    math = Path(__file__).resolve().parents[3] / "shared" / "data" / "math"
+    model = str(untrained_tiny)
+    cfg = load_config("configs/tiny.yaml", [
+        f"model.path={model}", f"value.path={model}", "run.steps=4", "run.m=8", "run.n=4", "run.eval_every=0",
+        "data.tiny_size=256", "data.max_prompt_tokens=1024", "selection.k=2", "value.ev_sample=4",
+        "run.time_budget_s=null", "control.port=0", f"data.root={math}", "evaluation.suite=[math500,aime24]",
+        "evaluation.every=2", "evaluation.limit=3", "evaluation.k={aime24: 4}", "evaluation.max_new_tokens=8",
+        "checkpoint.keep=1"])
+    assert run_training(cfg, run_dir=str(tmp_path / "run")) == 0
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    evaluated = [r for r in records if "suite_average" in r]
+    assert [r["step"] for r in evaluated] == [2, 4]
+    for r in evaluated:
+        assert 0.0 <= r["suite_math500"] <= 1.0 and 0.0 <= r["suite_aime24"] <= 1.0
+        assert r["suite_average"] == (r["suite_math500"] + r["suite_aime24"]) / 2
+    best = json.loads((tmp_path / "run" / "best.json").read_text())
+    assert best["step"] == 2 or best["average"] > evaluated[0]["suite_average"]  # the first, unless beaten
+    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert f"step-{best['step']:06d}" in kept and "step-000004" in kept  # the best survives keep=1
+    assert "suite" in capsys.readouterr().out
