@@ -320,12 +320,14 @@ def _read_yaml(path: str | os.PathLike) -> dict:
 
 
 def _merge(base: dict, layer: dict) -> dict:
-    """`layer` over `base`, section by section; a selection of another type replaces the base's whole."""
+    """`layer` over `base`, section by section; a selection of another type replaces the base's whole (one
+    without a type refines the base's strategy)."""
     out = dict(base)
     for key, value in layer.items():
-        same_strategy = key != "selection" or (base.get("selection") or {}).get("type") == value.get("type", None)
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and same_strategy:
-            out[key] = _merge(out[key], value)
+        old = out.get(key)
+        if isinstance(value, dict) and isinstance(old, dict) and (
+                key != "selection" or value.get("type", old.get("type")) == old.get("type")):
+            out[key] = _merge(old, value)
         else:
             out[key] = value
     return out

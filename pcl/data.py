@@ -9,19 +9,26 @@ A bad row never stops a run: a row without a question, with a null / empty / NaN
 not valid UTF-8, or whose prompt is over `max_prompt_tokens` is skipped and counted, and one warning per load
 names the count and the first ids. Prompts are never truncated (a cut question has a different answer).
 Without a tokenizer the length check is skipped, and the report says so. A source that cannot be used at all
-(missing path, not JSON, not one usable row) is an error naming the source.
+(missing path, not JSON, not one usable row, a hub dataset with the hub unreachable and no cached copy) is an
+error naming the source.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import math
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Union
 
-from pcl.config import DataConfig
+from pcl.config import ConfigError, DataConfig
 from pcl.templates import apply_template
 
 log = logging.getLogger(__name__)
@@ -109,7 +116,14 @@ def load_rows(source: str, split: str = "train", *, size: int | None = None, see
     return _read_hf(source, split)
 
 
-def _read_hf(name: str, split: str) -> list[dict]:
+def _read_hf(name: str, split: str, config: str | None = None) -> list[dict]:
+    """The rows of a Hugging Face dataset (`config` its configuration, when it has several).
+
+    The hub is probed first, once per process and endpoint, with a short timeout: when it cannot be
+    reached (or HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set) the dataset is read in offline mode, from the
+    local Hugging Face cache only, so an unreachable hub costs seconds and a ConfigError, not minutes of
+    retries.
+    """
     try:
         import datasets  # late and optional: the `hf` extra
     except ImportError:
@@ -117,14 +131,71 @@ def _read_hf(name: str, split: str) -> list[dict]:
             f"data source {name!r} is not an existing file, so it is read as a Hugging Face dataset, which "
             "needs the `datasets` package: pip install 'pcl-service[hf]'"
         ) from None
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    if Path(name).expanduser().is_dir():  # a local folder of data files: no hub involved
+        offline = None
+    elif _offline_env(datasets):
+        offline = "offline mode is on (HF_HUB_OFFLINE)"
+    else:
+        offline = _hub_unreachable(endpoint)
     try:
-        dataset = datasets.load_dataset(name, split=split)
+        with _hub_offline(datasets, offline is not None):
+            dataset = datasets.load_dataset(name, config, split=split)
     except Exception as exc:  # the hub, the cache and the builders raise many types
-        raise ValueError(
+        where = f" (configuration {config!r})" if config else ""
+        why = f"{type(exc).__name__}: {exc}"
+        if offline is not None:
+            why = (f"the Hugging Face hub {endpoint} was not used: {offline}; and the local Hugging Face "
+                   f"cache has no copy ({why})")
+        raise ConfigError(
             f"data source {name!r} is neither an existing file ({', '.join(FILE_SUFFIXES)}) nor a loadable "
-            f"Hugging Face dataset with split {split!r}: {type(exc).__name__}: {exc}"
+            f"Hugging Face dataset{where} with split {split!r}: {why}"
         ) from exc
     return [dict(row) for row in dataset]
+
+
+_HUB_PROBE_TIMEOUT_S = 3.0
+_TRUE = {"1", "on", "yes", "true"}
+
+
+def _offline_env(datasets: Any) -> bool:
+    flags = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
+    return any(os.environ.get(flag, "").strip().lower() in _TRUE for flag in flags) or bool(
+        getattr(datasets.config, "HF_HUB_OFFLINE", False))
+
+
+@functools.lru_cache(maxsize=8)
+def _hub_unreachable(endpoint: str) -> str | None:
+    """None when the hub answers (any HTTP status, through the environment's proxies), else why not."""
+    try:
+        request = urllib.request.Request(endpoint, method="HEAD")
+        with urllib.request.urlopen(request, timeout=_HUB_PROBE_TIMEOUT_S):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (OSError, ValueError) as exc:  # URLError, timeouts, refused connections, a malformed endpoint
+        return f"it could not be reached within {_HUB_PROBE_TIMEOUT_S:g} s ({getattr(exc, 'reason', exc)})"
+
+
+@contextlib.contextmanager
+def _hub_offline(datasets: Any, offline: bool) -> Iterator[None]:
+    """`datasets` and `huggingface_hub` in offline mode for the duration (their flags are read at import,
+    so setting the environment variable later has no effect). Loads run in the driver, one at a time."""
+    if not offline:
+        yield
+        return
+    import huggingface_hub.constants as hub_constants
+
+    targets = [(datasets.config, "HF_HUB_OFFLINE"), (datasets.config, "HF_DATASETS_OFFLINE"),
+               (hub_constants, "HF_HUB_OFFLINE")]
+    saved = [(module, attr, getattr(module, attr)) for module, attr in targets if hasattr(module, attr)]
+    for module, attr, _ in saved:
+        setattr(module, attr, True)
+    try:
+        yield
+    finally:
+        for module, attr, value in saved:
+            setattr(module, attr, value)
 
 
 def _read_file(path: Path) -> list[dict]:

@@ -1,7 +1,7 @@
 """Datasets by name: the training sets and benchmarks of the paper, with their field mappings.
 
-    known = resolve("math500", root="/data/math")     # -> KnownDataset, and where to read it
-    rows = read_known(known, root, split="test")       # a local copy under root, else the Hugging Face hub
+    known = lookup("math500")                           # -> KnownDataset; None for other sources
+    rows = read_known(known, data_root(cfg.data.root))  # its local copy under the root, else the hub
 
 A known dataset can be named by its short name (`math500`) or its Hugging Face name
 (`HuggingFaceH4/MATH-500`). Its rows are read from a local copy when the data root (`data.root`, else the
@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pcl.config import ConfigError
 from pcl.reward import last_boxed
 
 
@@ -36,6 +37,7 @@ class KnownDataset:
     file: str | None = None  # the local copy's file name under the data root
     file_fields: Fields | None = None
     k: int = 1  # the paper's avg@k when evaluated (AIME and AMC: 32, Minerva: 4, the rest: 1)
+    config: str | None = None  # the Hugging Face configuration, for datasets with several
 
 
 KNOWN = {d.name: d for d in [
@@ -53,8 +55,10 @@ KNOWN = {d.name: d for d in [
                  "amc23.jsonl", Fields("problem", "answer", "id"), k=32),
     KnownDataset("minerva", "math-ai/minervamath", "test", Fields("question", "answer"),
                  "minerva_math.jsonl", Fields("problem", "answer", "idx"), k=4),
-    KnownDataset("olympiadbench", "Hothan/OlympiadBench", "test", Fields("question", "final_answer", "id"),
-                 "olympiadbench.jsonl", Fields("question", "final_answer", "id"), k=1),
+    # English, text-only, open-ended competition maths: the configuration the evaluations use (its one split)
+    KnownDataset("olympiadbench", "Hothan/OlympiadBench", "train", Fields("question", "final_answer", "id"),
+                 "olympiadbench.jsonl", Fields("question", "final_answer", "id"), k=1,
+                 config="OE_TO_maths_en_COMP"),
 ]}
 BY_HUB = {d.hub.lower(): d for d in KNOWN.values()}
 
@@ -89,11 +93,11 @@ def read_known(known: KnownDataset, root: Path | None) -> list[dict]:
         rows = _read_file(path)
     else:
         try:
-            rows = _read_hf(known.hub, known.split)
+            rows = _read_hf(known.hub, known.split, known.config)
         except (ImportError, ValueError) as exc:
             where = f"; no {known.file} under data root {root}" if known.file and root else (
                 f"; or set data.root / PCL_DATA_ROOT to a directory holding {known.file}" if known.file else "")
-            raise ValueError(f"dataset {known.name!r} ({known.hub}): {exc}{where}") from None
+            raise ConfigError(f"dataset {known.name!r} ({known.hub}): {exc}{where}") from None
     fields = fields_for(known, root)
     if fields.answer_in_solution:
         rows = [_with_boxed_answer(row, fields.answer) for row in rows]

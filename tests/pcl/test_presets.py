@@ -59,3 +59,31 @@ def test_layering_keeps_a_same_strategy_section_and_cli_takes_several_files(tmp_
                           "configs/baselines/speed.yaml", "run.steps=9"], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "type: speed" in run.stdout and "steps: 9" in run.stdout and "Qwen/Qwen3-8B-Base" in run.stdout
+
+
+def test_pcl_train_takes_a_preset_and_a_baseline():
+    from services.cli import _config_files, build_parser
+
+    args = build_parser().parse_args(["train", "configs/presets/qwen3-4b-base-math.yaml",
+                                      "configs/baselines/greso.yaml", "run.steps=5"])
+    files, overrides = _config_files(args)
+    assert files == ["configs/presets/qwen3-4b-base-math.yaml", "configs/baselines/greso.yaml"]
+    assert overrides == ["run.steps=5"]
+    cfg = load_config([REPO / f for f in files], overrides)
+    assert cfg.selection.type == "greso" and not hasattr(cfg.selection, "tau")  # replaced wholesale
+    assert (cfg.selection.p_easy, cfg.selection.p_hard, cfg.selection.delta_p) == (0.5, 0.5, 0.01)
+    assert (cfg.model.path, cfg.optimizer.lr, cfg.run.steps) == ("Qwen/Qwen3-4B-Base", 8e-6, 5)
+
+
+def test_a_selection_layer_without_a_type_refines_the_strategy_and_a_bad_one_is_a_config_error(tmp_path):
+    from pcl.config import ConfigError
+
+    preset = REPO / "configs" / "presets" / "qwen3-1.7b-base-deepscaler.yaml"
+    untyped = tmp_path / "k.yaml"
+    untyped.write_text("selection:\n  k: 8\n")
+    cfg = load_config([preset, untyped])
+    assert (cfg.selection.type, cfg.selection.tau, cfg.selection.k) == ("pcl", 0.5, 8)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("selection: greso\n")
+    with pytest.raises(ConfigError, match="scalar.yaml"):
+        load_config([preset, scalar])
