@@ -170,5 +170,10 @@ def resolve(resume: str | os.PathLike, run_dir: str | os.PathLike) -> Path:
     if target.is_dir() and _NAME.match(target.name):
         raise FileNotFoundError(f"--resume {target}: this checkpoint is incomplete (no {COMPLETE} file): the "
                                 f"write was interrupted; resume from an earlier one in {target.parent}")
+    # No complete one: any step directory there is one whose write was interrupted; name it.
+    partial = [str(p.relative_to(target)) for root in (target / "checkpoints", target) if root.is_dir()
+               for p in sorted(root.iterdir()) if p.is_dir() and _NAME.match(p.name)]
+    why = (f"; incomplete (no {COMPLETE} file, the write was interrupted): {', '.join(partial)}"
+           if partial else "")
     raise FileNotFoundError(f"--resume {target}: no complete checkpoint found there or in its checkpoints/ "
-                            "directory")
+                            f"directory{why}")

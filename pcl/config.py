@@ -303,7 +303,8 @@ def validate_tree(tree: dict, source: str = "<config>") -> Config:
         return Config.model_validate(tree)
     except ValidationError as exc:
         lines = [_describe(e, source) for e in exc.errors()]
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(lines)) from None
+        sep = "\n  " if len(lines) > 1 else " "  # a single problem stays on the message's one line
+        raise ConfigError("invalid configuration:" + sep + "\n  ".join(lines)) from None
 
 
 def _read_yaml(path: str | os.PathLike) -> dict:

@@ -269,7 +269,11 @@ def start_embedded(data_dir: str | os.PathLike | None = None, appendonly: bool =
 
 def connect(url: str, timeout_s: float = 5.0) -> RedisHandle:
     """A handle on an external server; raises RedisUnavailable naming the URL when it does not answer."""
-    client = make_client(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    try:  # a malformed URL (scheme, port, db) is named the same way, not raised as a bare ValueError
+        client = make_client(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+    except ValueError as exc:
+        why = str(exc)
+        raise RedisUnavailable(why if masked(url) in why else f"bad Redis URL {masked(url)}: {why}") from None
     try:
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError, redis.AuthenticationError, OSError) as exc:

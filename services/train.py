@@ -59,8 +59,6 @@ def resolve_model_path(path: str, what: str) -> str:
 
 def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     """Everything that can fail on bad input, done before Redis, Ray or any actor starts."""
-    from transformers import AutoTokenizer
-
     from pcl.data import load_prompts
     from pcl.strategies import make_strategy
 
@@ -83,14 +81,24 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     elif (out / "metrics.jsonl").exists():
         raise ConfigError(f"run dir {str(out)!r} already holds a run: pass --resume to continue it, "
                           f"or choose another --run-dir")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way, no permission
+        raise ConfigError(f"run dir {str(out)!r}: cannot create it ({exc.strerror or exc})") from None
     # control.token is a secret: it stays out of the run directory (a resumed run takes it from PCL_API_TOKEN)
     (out / "config.yaml").write_text(dump_config(cfg.model_copy(update={"control": cfg.control.model_copy(
         update={"token": None})})))
 
     policy = resolve_model_path(cfg.model.path, "model.path")
     value = resolve_model_path(cfg.value.path, "value.path") if cfg.value.path else policy
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or policy)
+    from transformers import AutoTokenizer  # late: a config, run dir or path problem fails in under a second
+
+    try:  # a hub name that is neither on a reachable hub nor cached is named, like a missing directory
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or policy)
+    except (OSError, ValueError) as exc:
+        key, name = ("model.tokenizer", cfg.model.tokenizer) if cfg.model.tokenizer else ("model.path", cfg.model.path)
+        why = " ".join(str(exc).split())[:300] or type(exc).__name__  # on the message's one line
+        raise ConfigError(f"{key} = {name!r}: cannot load a tokenizer: {why}") from None
     try:  # a dataset that cannot be read, or has no usable row, is a configuration problem, named as such
         train, report = load_prompts(cfg.data, tokenizer, split="train", seed=cfg.run.seed)
     except (ValueError, OSError) as exc:
@@ -228,6 +236,8 @@ def _reason(exc: BaseException) -> str:
 
 def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = None) -> int:
     """Train to completion; returns the process exit code."""
+    started = time.perf_counter()
+    prep = prepare(cfg, run_dir, resume)  # bad input fails here, before the heavy imports below
     import ray
 
     from pcl import checkpoint as ckpt
@@ -236,8 +246,6 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     from services.fleet import purge_streams, start_fleet
     from services.redis_server import open_redis
 
-    started = time.perf_counter()
-    prep = prepare(cfg, run_dir, resume)
     print(f"pcl: run dir {prep.run_dir}  policy {prep.policy_path}  strategy {cfg.selection.type}  "
           f"m={cfg.run.m} n={cfg.run.n}  {len(prep.train_prompts)} train / {len(prep.eval_prompts)} eval prompts",
           flush=True)
