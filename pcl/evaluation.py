@@ -1,18 +1,26 @@
 """The evaluation suite of the paper: avg@k on MATH500, AIME24, AIME25, AMC23, Minerva and OlympiadBench.
 
-    suite = load_suite(["math500", "aime24"], tokenizer, template="qwen_base", root="/data/math", limit=None)
-    results = evaluate(engine, pool, suite, ks={"aime24": 32}, sampling=EVAL_SAMPLING)
+    names = parse_suite("math500,aime24")                      # unknown names: ValueError listing the suite
+    ks = parse_k("aime24=8", names)                            # the paper's k for the others
+    suite = load_suite(names, tokenizer, template="qwen_base", root=eval_data_root(None), limit=None)
+    results = evaluate(engine, pool, suite, ks, sampling=PAPER_SAMPLING, max_new_tokens=3072)
     print(format_table(results)); write_reports(results, out_dir, meta)
 
 avg@k of a benchmark is the mean over its prompts of the mean reward of k samples (AIME24, AIME25 and AMC23:
 k=32; Minerva: 4; MATH500 and OlympiadBench: 1, as in the paper), decoded as the paper does (temperature 0.6,
-top_p 0.95, top_k 20) with its prompt template; a truncated response scores 0. `pcl eval` runs it on a model;
-a training run runs the same suite every `evaluation.every` steps through its rollout fleet.
+top_p 0.95, top_k 20) with its prompt template; a truncated response scores 0 (and is not sent to the verifier).
+Benchmarks are read from local copies under the data root (`--data-root`, else `PCL_DATA_ROOT`, else the
+`shared/data` checkout beside the repository when there is one; a root whose files sit in a `math/` folder is
+followed into it), else from the Hugging Face hub. `pcl eval` runs the suite on a model; a training run runs the
+same suite every `evaluation.every` steps through its rollout fleet.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -24,6 +32,43 @@ from pcl.datasets import KNOWN
 
 SUITE = ("math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench")
 PAPER_SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # a data checkout beside the repository
+
+
+def eval_data_root(given: str | None) -> str | None:
+    """Where the benchmarks' local copies are: `given`, else PCL_DATA_ROOT, else SHARED_DATA when it exists;
+    a root without the files but with a `math/` folder holding them means that folder. None: the hub."""
+    root = given or os.environ.get("PCL_DATA_ROOT")
+    if root is None:
+        if not SHARED_DATA.is_dir():
+            return None
+        root = str(SHARED_DATA)
+    path = Path(root).expanduser()
+    files = [KNOWN[n].file for n in SUITE]
+    if not any((path / f).is_file() for f in files) and any((path / "math" / f).is_file() for f in files):
+        path = path / "math"
+    return str(path)
+
+
+def pick_engine(name: str) -> str:
+    """'auto' -> 'vllm' when vllm is installed and a GPU is visible, else 'hf'; 'hf' and 'vllm' as given."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "hf"
+
+
+def default_out_dir(model: str, model_path: str) -> Path:
+    """evals/<name>: 'tiny', a checkpoint's policy as <run>-step-NNNNNN, else the model directory's name."""
+    path = Path(model_path)
+    if model == "tiny":
+        name = "tiny"
+    elif path.name == "policy" and path.parent.name.startswith("step-"):
+        name = f"{path.parents[2].name}-{path.parent.name}"  # RUN/checkpoints/step-NNNNNN/policy
+    else:
+        name = path.name or "model"
+    return Path("evals") / name
 
 
 def default_k(name: str) -> int:
@@ -39,29 +84,28 @@ def parse_suite(text: str | list[str]) -> list[str]:
 
 
 def parse_k(text: str | int | dict | None, names: list[str]) -> dict[str, int]:
-    """k per benchmark: the paper's defaults, overridden by an int for all, a dict, or 'aime24=8,math500=2'."""
+    """k per benchmark of `names`: the paper's defaults, overridden by an int for all, a dict, or text such as
+    '8' (all), 'aime24=8,math500=2' (those named) or '2,aime24=8' (all 2 but AIME24). Bad values: ValueError."""
     ks = {n: default_k(n) for n in names}
     if text is None or text == "":
         return ks
-    if isinstance(text, int) or (isinstance(text, str) and text.strip().isdigit()):
-        return {n: _positive(int(text), "k") for n in names}
-    items = text.items() if isinstance(text, dict) else (
-        part.split("=", 1) if "=" in part else (part, "") for part in str(text).split(","))
-    for name, value in items:
-        name = str(name).strip().lower()
-        if name not in SUITE:
+    if isinstance(text, dict):
+        parts = [(str(name), value) for name, value in text.items()]
+    elif isinstance(text, int):
+        parts = [("", text)]
+    else:
+        parts = [tuple(part.split("=", 1)) if "=" in part else ("", part) for part in str(text).split(",")]
+    for name, value in sorted(parts, key=lambda part: bool(part[0].strip())):  # the value for all first
+        name, value = name.strip().lower(), str(value).strip()
+        if name and name not in SUITE:
             raise ValueError(f"k: unknown benchmark {name!r}; the suite has: {', '.join(SUITE)}")
-        try:
-            ks[name] = _positive(int(value), f"k for {name}")
-        except (TypeError, ValueError):
-            raise ValueError(f"k: {name}={str(value).strip()} must be a positive integer") from None
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"k: {f'{name}={value}' if name else repr(value)} must be a positive integer")
+        if not name:
+            ks = dict.fromkeys(ks, int(value))
+        elif name in ks:  # a benchmark outside `names` keeps no k
+            ks[name] = int(value)
     return ks
-
-
-def _positive(value: int, what: str) -> int:
-    if value < 1:
-        raise ValueError(f"{what} must be >= 1, got {value}")
-    return value
 
 
 def load_suite(names: list[str], tokenizer: Any, template: str, root: str | None = None,
@@ -112,8 +156,13 @@ def summarize(name: str, k: int, rewards: dict[str, list[float]], truncated: int
 
 
 def evaluate(engine, pool, suite: dict[str, list], ks: dict[str, int], sampling: dict, max_new_tokens: int,
-             seed: int = 0, progress: bool = True) -> list[BenchmarkResult]:
-    """Generate k samples of every prompt with `engine`, score them with `pool` (a RewardPool)."""
+             seed: int = 0, batch_size: int = 256, progress: bool = True) -> list[BenchmarkResult]:
+    """Generate k samples of every prompt with `engine`, score them with `pool` (a RewardPool).
+
+    Each `generate` call holds about `batch_size` sequences (max(1, batch_size // k) prompts x k samples); the
+    seed of a call is derived from `seed` and its first prompt, so a result does not depend on other benchmarks.
+    A truncated response ("length") scores 0 without being verified; a verifier timeout scores 0 and is counted.
+    """
     from tqdm import tqdm
 
     from pcl.engines.base import SamplingParams
@@ -121,22 +170,26 @@ def evaluate(engine, pool, suite: dict[str, list], ks: dict[str, int], sampling:
     results = []
     for name, records in suite.items():
         start, k = time.perf_counter(), ks[name]
+        per_call = max(1, batch_size // k)
         rewards: dict[str, list[float]] = {}
         truncated = timeouts = 0
-        bar = tqdm(total=len(records), desc=f"eval {name} (k={k})", unit="prompt", disable=not progress, leave=False)
-        for first in range(0, len(records), 32):
-            chunk = records[first:first + 32]
+        bar = tqdm(total=len(records), desc=f"eval {name} (k={k})", unit="prompt", disable=not progress,
+                   leave=False, file=sys.stderr)
+        for first in range(0, len(records), per_call):
+            chunk = records[first:first + per_call]
             params = SamplingParams(n=k, max_new_tokens=max_new_tokens, seed=seed + first, **sampling)
             groups = engine.generate([list(r.prompt_token_ids) for r in chunk], params)
-            pairs = [(g.text, r.answer) for r, gens in zip(chunk, groups) for g in gens]
-            outcomes = pool.score_batch(pairs)
+            finished = [(i, j) for i, gens in enumerate(groups) for j, g in enumerate(gens)
+                        if g.finish_reason != "length"]
+            pairs = [(groups[i][j].text, chunk[i].answer) for i, j in finished]
+            scored = dict(zip(finished, pool.score_batch(pairs) if pairs else []))
             for i, (r, gens) in enumerate(zip(chunk, groups)):
                 row = []
-                for j, g in enumerate(gens):
-                    outcome = outcomes[i * k + j]
-                    timeouts += int(outcome.timed_out)
-                    truncated += int(g.finish_reason == "length")
-                    row.append(0.0 if g.finish_reason == "length" else float(outcome.reward))
+                for j in range(len(gens)):
+                    outcome = scored.get((i, j))
+                    truncated += int(outcome is None)
+                    timeouts += int(outcome is not None and outcome.timed_out)
+                    row.append(0.0 if outcome is None else float(outcome.reward))
                 rewards[r.id] = row
             bar.update(len(chunk))
         bar.close()

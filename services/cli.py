@@ -7,8 +7,10 @@
     pcl status [--url URL] [--json]                        a run's status, as a table
     pcl probe-batch CONFIG [--sizes B,...] [--repeats R] [key=value ...]   generation time over batch sizes
     pcl experiment CONFIG [--report-only]                   a strategy comparison and its report
-    pcl eval --model PATH [--suite math500,aime24,...] [--k 32] [--limit N] [--out DIR]   avg@k per benchmark
-    pcl export RUN_DIR|CHECKPOINT --out DIR                 the policy in Hugging Face format
+    pcl eval --model PATH|tiny [--suite math500,aime24,...] [--k 32|aime24=8,...] [--limit N] [--out DIR]
+             [--temperature 0.6 --top-p 0.95 --top-k 20] [--template qwen_base] [--engine auto|hf|vllm]
+                                                           avg@k per benchmark: a table, eval.json, eval.md
+    pcl export RUN_DIR|CHECKPOINT|MODEL_DIR --out DIR       the policy in Hugging Face format
 """
 
 from __future__ import annotations
@@ -38,39 +40,66 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
+    import importlib.util
     import time
     from pathlib import Path
 
-    from pcl.config import ConfigError, RolloutConfig
-
     from pcl import evaluation as ev
+    from pcl.config import ConfigError, RolloutConfig
 
     try:
         names = ev.parse_suite(args.suite)
         ks = ev.parse_k(args.k, names)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    for flag, value in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens),
+                        ("--batch-size", args.batch_size)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value}: expected an integer >= 1")
+    engine_name = ev.pick_engine(args.engine)
+    if engine_name == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("--engine vllm: vLLM is not installed (pip install 'pcl-service[gpu]'); use --engine hf")
     from services.train import resolve_model_path
 
     model = resolve_model_path(args.model, "--model")
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"--model {args.model!r}: its tokenizer could not be loaded ({exc})") from None
+    root = ev.eval_data_root(args.data_root)
+    try:
+        suite = ev.load_suite(names, tokenizer, args.template, root=root, limit=args.limit)
+    except (ValueError, OSError) as exc:
+        raise ConfigError(str(exc)) from None
+    context = getattr(AutoConfig.from_pretrained(model), "max_position_embeddings", None)
+    longest = max(len(r.prompt_token_ids) for records in suite.values() for r in records) + args.max_new_tokens
+    if context and longest > context:
+        print(f"pcl: warning: the longest prompt plus --max-new-tokens is {longest} tokens, beyond the model's "
+              f"context ({context} positions)", file=sys.stderr)
     from pcl.engines import make_engine
     from pcl.reward_pool import RewardPool
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    try:
-        suite = ev.load_suite(names, tokenizer, args.template, root=args.data_root, limit=args.limit)
-    except (ValueError, OSError) as exc:
-        raise ConfigError(str(exc)) from None
-    engine = make_engine(RolloutConfig(engine=args.engine), model, args.seed, dtype=args.dtype, device=args.device)
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    batch_size = args.batch_size or (256 if engine_name == "hf" else 1 << 16)  # vLLM schedules its own batches
+    extra = {"max_batch_size": batch_size} if engine_name == "hf" else {}
+    try:
+        from pcl.engines.base import SamplingParams
+
+        SamplingParams(n=1, max_new_tokens=args.max_new_tokens, **sampling)  # bad decoding flags fail here
+        engine = make_engine(RolloutConfig(engine=engine_name, gpu_memory_utilization=0.9), model, args.seed,
+                             dtype=args.dtype, device=args.device, **extra)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     start = time.perf_counter()
-    with RewardPool(processes=args.verifier_processes, timeout_s=args.verifier_timeout) as pool:
-        results = ev.evaluate(engine, pool, suite, ks, sampling, args.max_new_tokens, seed=args.seed)
-    out = Path(args.out or f"evals/{Path(model).name or 'model'}")
-    meta = {"model": args.model, "template": args.template, **sampling, "max_new_tokens": args.max_new_tokens,
-            "limit": args.limit, "seed": args.seed, "seconds": round(time.perf_counter() - start, 1)}
+    with engine, RewardPool(processes=args.verifier_processes, timeout_s=args.verifier_timeout) as pool:
+        results = ev.evaluate(engine, pool, suite, ks, sampling, args.max_new_tokens, seed=args.seed,
+                              batch_size=batch_size)
+    out = Path(args.out) if args.out else ev.default_out_dir(args.model, model)
+    meta = {"model": args.model, "model_path": model, "engine": engine_name, "template": args.template, **sampling,
+            "max_new_tokens": args.max_new_tokens, "limit": args.limit, "seed": args.seed, "data_root": root,
+            "seconds": round(time.perf_counter() - start, 1)}
     paths = ev.write_reports(results, out, meta)
     print(ev.format_table(results))
     print(f"pcl: wrote {paths[0]} and {paths[1]}")
@@ -78,14 +107,18 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
+    import json
+
     from pcl.config import ConfigError
     from pcl.export import export_policy
 
     try:
         out = export_policy(args.source, args.out)
-    except (FileNotFoundError, FileExistsError) as exc:
+    except (FileNotFoundError, FileExistsError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
-    print(f"pcl: exported the policy to {out} (loadable with from_pretrained and by vLLM)")
+    meta = json.loads((out / "export.json").read_text())
+    step = "" if meta["step"] is None else f" of step {meta['step']}"
+    print(f"pcl: exported the policy{step} ({meta['policy']}) to {out} (loadable with from_pretrained and by vLLM)")
     return 0
 
 
@@ -223,29 +256,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_experiment)
 
     p = sub.add_parser("eval", help="the paper's evaluation suite on a model: avg@k per benchmark")
-    p.add_argument("--model", required=True, help="a Hugging Face model directory, a hub name, or 'tiny'")
+    p.add_argument("--model", required=True, help="a Hugging Face model directory (an export, a checkpoint's "
+                   "policy/), a hub name, or 'tiny' (the built tiny model)")
     p.add_argument("--suite", default="math500,aime24,aime25,amc23,minerva,olympiadbench",
                    help="comma-separated benchmarks (default: all six)")
     p.add_argument("--k", help="samples per prompt: one int for all, or name=k,... (default: the paper's: AIME and "
                    "AMC 32, Minerva 4, MATH500 and OlympiadBench 1)")
     p.add_argument("--limit", type=int, help="the first N prompts of each benchmark (smoke runs)")
     p.add_argument("--out", help="directory for eval.json and eval.md (default evals/<model name>)")
-    p.add_argument("--data-root", help="local copies of the benchmarks (default $PCL_DATA_ROOT, else the hub)")
-    p.add_argument("--template", default="qwen_base", choices=["qwen_base", "chat", "plain", "tiny"])
+    p.add_argument("--data-root", help="local copies of the benchmarks (default $PCL_DATA_ROOT, else shared/data "
+                   "beside the repository when present, else the Hugging Face hub)")
+    p.add_argument("--template", default="qwen_base", choices=["qwen_base", "chat", "plain", "tiny"],
+                   help="prompt template (default qwen_base, the paper's; chat for instruct models)")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--top-k", type=int, default=20, help="-1 disables top-k")
-    p.add_argument("--max-new-tokens", type=int, default=3072)
-    p.add_argument("--engine", default="hf", choices=["hf", "vllm"])
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--top-k", type=int, default=20, help="-1 or 0 disables top-k (default 20)")
+    p.add_argument("--max-new-tokens", type=int, default=3072, help="response budget; a truncated response scores 0")
+    p.add_argument("--engine", default="auto", choices=["auto", "hf", "vllm"],
+                   help="auto: vLLM when installed and a GPU is visible, else Hugging Face transformers")
+    p.add_argument("--batch-size", type=int, help="sequences (prompts x k) per generate call (default: 256 with hf, "
+                   "a whole benchmark with vllm)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="hf engine only")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="default: float32 with hf, the checkpoint's with vllm")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--verifier-processes", type=int, default=2)
-    p.add_argument("--verifier-timeout", type=float, default=5.0)
+    p.add_argument("--verifier-timeout", type=float, default=5.0, help="seconds per response; a timeout scores 0")
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("export", help="export a run's (or checkpoint's) policy in Hugging Face format")
-    p.add_argument("source", help="a run directory, a checkpoint directory, or a model directory")
+    p.add_argument("source", help="a run directory (its newest complete checkpoint), a checkpoint directory, or a "
+                   "Hugging Face model directory")
     p.add_argument("--out", required=True, help="an empty or new directory")
     p.set_defaults(func=_cmd_export)
 

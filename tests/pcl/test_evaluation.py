@@ -1,9 +1,12 @@
-"""The evaluation suite: avg@k arithmetic, k and suite parsing, the benchmarks by name on the real files, and
-`pcl eval` end to end with the tiny model (its scores are near 0: the counts, k and the averaging are tested)."""
+"""The evaluation suite: avg@k arithmetic, k and suite parsing, the data root, the benchmarks by name on the real
+files, scoring (truncation, batching) with a real reward pool, and `pcl eval` end to end with the tiny model (its
+scores are near 0: the counts, k and the averaging are tested)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,12 +36,28 @@ def test_paper_defaults_and_overrides_of_k():
                                        "olympiadbench": 1}
     assert set(ev.parse_k("2", names).values()) == {2}
     assert ev.parse_k("aime24=8,math500=3", ["math500", "aime24"]) == {"math500": 3, "aime24": 8}
-    for bad in ("aime24=0", "nope=3", "aime24=x"):
+    assert ev.parse_k("aime24=8,2", ["math500", "aime24", "minerva"]) == {"math500": 2, "aime24": 8, "minerva": 2}
+    assert ev.parse_k({"aime24": 8}, ["aime24", "amc23"]) == {"aime24": 8, "amc23": 32}
+    assert ev.parse_k(3, ["minerva"]) == ev.parse_k("aime24=5,3", ["minerva"]) == {"minerva": 3}
+    for bad in ("aime24=0", "nope=3", "aime24=x", "0", "-1", "two"):
         with pytest.raises(ValueError):
             ev.parse_k(bad, names)
     assert ev.parse_suite("MATH500, aime24,math500") == ["math500", "aime24"]
     with pytest.raises(ValueError, match="the suite has"):
         ev.parse_suite("math500,gsm8k")
+
+
+def test_data_root_defaults_to_the_shared_data_beside_the_repo(monkeypatch, tmp_path):
+    monkeypatch.delenv("PCL_DATA_ROOT", raising=False)
+    assert ev.eval_data_root(None) == str(MATH)  # shared/data holds the files in math/
+    assert ev.eval_data_root(str(MATH.parent)) == ev.eval_data_root(str(MATH)) == str(MATH)
+    monkeypatch.setenv("PCL_DATA_ROOT", str(tmp_path))
+    assert ev.eval_data_root(None) == str(tmp_path)
+    assert ev.pick_engine("hf") == "hf" and ev.pick_engine("auto") in ("hf", "vllm")
+    assert ev.default_out_dir("runs/q/checkpoints/step-000120/policy", "/x/runs/q/checkpoints/step-000120/policy") \
+        == Path("evals/q-step-000120")
+    assert ev.default_out_dir("tiny", "/c/pcl/tiny/seed-0") == Path("evals/tiny")
+    assert ev.default_out_dir("Qwen/Qwen3-4B-Base", "Qwen/Qwen3-4B-Base") == Path("evals/Qwen3-4B-Base")
 
 
 @pytest.mark.parametrize("name, count", [("math500", 500), ("aime24", 30), ("aime25", 30), ("amc23", 40),
@@ -52,27 +71,66 @@ def test_benchmarks_load_by_name_from_the_data_root(name, count):
     assert len(ev.load_suite([name], None, "plain", root=str(MATH), limit=3)[name]) == 3
 
 
+class ScriptedEngine:
+    """Answers prompt i with `responses[i]` (text, finish_reason) for every sample; records each call's size."""
+
+    def __init__(self, responses):
+        self.responses, self.calls = responses, []
+
+    def generate(self, prompt_token_ids, params):
+        from pcl.engines.base import Generation
+
+        self.calls.append((len(prompt_token_ids), params.n, params.seed, params.top_k))
+        return [[Generation(i, j, [1], *self.responses[ids[0]], 1) for j in range(params.n)]
+                for i, ids in enumerate(prompt_token_ids)]
+
+
+def test_evaluate_scores_with_math_verify_and_zeroes_truncated_responses():
+    from pcl.data import PromptRecord
+    from pcl.reward_pool import RewardPool
+
+    golds = ["5", "\\frac{1}{2}", "7", "3"]
+    records = [PromptRecord(f"aime24/{i}", "q", gold, "q", (i,)) for i, gold in enumerate(golds)]
+    engine = ScriptedEngine([("so \\boxed{5}", "stop"), ("\\boxed{0.5}", "stop"), ("\\boxed{7}", "length"),
+                             ("\\boxed{4}", "stop")])
+    with RewardPool(processes=1, timeout_s=10) as pool:
+        [result] = ev.evaluate(engine, pool, {"aime24": records}, {"aime24": 3}, ev.PAPER_SAMPLING, 16, seed=5,
+                               batch_size=7, progress=False)
+    # 0.5 == 1/2 for math-verify; the right answer cut off by the length limit scores 0
+    assert result.per_prompt == {"aime24/0": 1.0, "aime24/1": 1.0, "aime24/2": 0.0, "aime24/3": 0.0}
+    assert (result.prompts, result.samples, result.truncated, result.timeouts, result.solved_any) == (4, 12, 3, 0, 2)
+    assert result.avg_at_k == 0.5
+    # 7 sequences per call at k=3: 2 prompts per call, seeds derived from the first prompt of each call
+    assert engine.calls == [(2, 3, 5, 20), (2, 3, 7, 20)]
+
+
 def test_pcl_eval_end_to_end_with_the_tiny_model(tmp_path):
     from pcl.tiny.build import build_tiny
 
     build_tiny(seed=0)
     out = tmp_path / "eval"
+    env = {key: value for key, value in os.environ.items() if key != "PCL_DATA_ROOT"}  # the default data root
     run = subprocess.run([sys.executable, "-m", "services.cli", "eval", "--model", "tiny", "--suite",
-                          "math500,aime24,amc23", "--limit", "3", "--k", "aime24=4,amc23=2", "--max-new-tokens", "8",
-                          "--data-root", str(MATH), "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                         timeout=300)
+                          "math500,aime24,amc23", "--limit", "3", "--k", "2,aime24=4", "--max-new-tokens", "8",
+                          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     data = json.loads((out / "eval.json").read_text())
     got = {b["name"]: b for b in data["benchmarks"]}
     assert {n: (b["k"], b["prompts"], b["samples"]) for n, b in got.items()} == {
-        "math500": (1, 3, 3), "aime24": (4, 3, 12), "amc23": (2, 3, 6)}
+        "math500": (2, 3, 6), "aime24": (4, 3, 12), "amc23": (2, 3, 6)}
     for b in got.values():
         assert b["avg_at_k"] == pytest.approx(sum(b["per_prompt"].values()) / b["prompts"])
         assert 0.0 <= b["avg_at_k"] <= 1.0
     assert data["average"] == pytest.approx(sum(b["avg_at_k"] for b in got.values()) / 3)
     assert data["temperature"] == 0.6 and data["top_p"] == 0.95 and data["top_k"] == 20
+    assert data["engine"] == "hf" and data["data_root"] == str(MATH) and data["max_new_tokens"] == 8
     assert "| aime24 | 4 | 3 | 12 |" in (out / "eval.md").read_text()
-    assert "average" in run.stdout and "aime24" in run.stdout
+    lines = run.stdout.splitlines()
+    table = lines[next(i for i, line in enumerate(lines) if line.startswith("benchmark")):]
+    assert table[0].split() == ["benchmark", "k", "prompts", "samples", "avg@k", "solved", "trunc", "t/o"]
+    assert [line.split()[:4] for line in table[2:5]] == [["math500", "2", "3", "6"], ["aime24", "4", "3", "12"],
+                                                         ["amc23", "2", "3", "6"]]
+    assert table[5].split()[0] == "average" and f"wrote {out / 'eval.json'}" in run.stdout
 
 
 def test_pcl_eval_names_bad_input(tmp_path):
@@ -85,3 +143,7 @@ def test_pcl_eval_names_bad_input(tmp_path):
     assert "gsm8k" in fail("--model", "tiny", "--suite", "gsm8k")
     assert "no such model directory" in fail("--model", str(tmp_path / "none"), "--suite", "math500")
     assert "aime24=0" in fail("--model", "tiny", "--suite", "aime24", "--k", "aime24=0")
+    assert "--limit 0" in fail("--model", "tiny", "--suite", "aime24", "--limit", "0")
+    assert "has no config.json" in fail("--model", str(tmp_path), "--suite", "math500")
+    if importlib.util.find_spec("vllm") is None:
+        assert "vLLM is not installed" in fail("--model", "tiny", "--suite", "aime24", "--engine", "vllm")
