@@ -391,7 +391,8 @@ class Coordinator:
                 rates = {}
                 for start in range(0, len(prompts), REFERENCE_CHUNK):
                     chunk = [(p, n_pre, 0) for p in prompts[start:start + REFERENCE_CHUNK]]
-                    rates.update(pass_rates(self.rollouts.generate_rollouts(0, 0, chunk, tag="reference")))
+                    rates.update(pass_rates(self.rollouts.generate_rollouts(0, 0, chunk, tag="reference",
+                                                                       on_wait=self.check_fleet)))
             save_reference(path, self.cfg.model.path, prompts, n_pre, rates)
         self.reference = rates or {}
         if n_pre:
@@ -407,9 +408,8 @@ class Coordinator:
 
     def check_fleet(self) -> None:
         """Give the current weights to rollout workers that lack them: one that Ray restarted after its process
-        died holds the initial weights (version 0) and serves nothing of a later version until then."""
-        if self.weights_ref is None:
-            return  # version 0: a restarted worker starts with the initial weights
+        died holds the initial weights and serves nothing until then (at version 0, when those are current, it
+        is only told to serve)."""
         refs = [w.policy_version.remote() for w in self.workers]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)
         for worker, ref in zip(self.workers, refs):
@@ -419,7 +419,9 @@ class Coordinator:
                 version = ray.get(ref)
             except ray.exceptions.RayError:
                 continue
-            if version != self.policy_version:
+            if version != self.policy_version and self.weights_ref is None:
+                self.get(worker.serve.remote())  # version 0: its initial weights are current
+            elif version != self.policy_version:
                 log.warning("rollout worker holds policy version %s, not %s (restarted?): reloading its weights",
                             version, self.policy_version)
                 self.get(worker.load_weights.remote(self.weights_ref, self.policy_version))

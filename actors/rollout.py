@@ -3,10 +3,12 @@
 It serves the request stream in a background thread with a generation engine (HF on CPU, vLLM on GPU) and
 takes versioned weights from the learner between steps. All logic is in `services.workers.RolloutService`.
 
-Ray restarts a worker whose process dies. The restarted worker holds the initial weights (version 0) and
-hands back requests of other versions until the coordinator, which checks the fleet's versions while it
-waits for a step's samples, gives it the current weights; its unacknowledged requests are reclaimed from
-the stream after the visibility timeout.
+Ray restarts a worker whose process dies (or whose node is lost). The restarted worker holds the initial
+weights (version 0) and takes no request until the coordinator, which checks the fleet's versions while it
+waits for a step's samples, gives it the current weights (or, at version 0, tells it to serve): a request it
+took and handed back would count as a delivery each time, and be dead-lettered after `redis.max_deliveries`
+before the weights arrive. The requests its previous process held are reclaimed from the stream after the
+visibility timeout.
 """
 
 from __future__ import annotations
@@ -18,6 +20,15 @@ from typing import Any
 import ray
 
 from actors.runtime import init_actor_process
+
+
+def _restarted() -> bool:
+    """Whether Ray restarted this actor (its accessor reads a deprecated property inside: silenced)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
@@ -43,19 +54,27 @@ class RolloutWorker:
         self.service = RolloutService(engine, requests, results, batch_requests=cfg.max_in_flight)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=serve_forever, args=(self.service, self.stop, name), daemon=True)
-        self.thread.start()
+        if not _restarted():
+            self.thread.start()  # a restarted worker starts serving when it is given weights (`serve`)
 
     def load_weights(self, weights: dict, version: int) -> dict[str, float]:
-        """Install the learner's weights as policy `version`; returns how long it took."""
+        """Install the learner's weights as policy `version` (and serve, if not yet); returns how long it took."""
         start = time.perf_counter()
         self.service.load_weights(weights, version)
+        self.serve()
         return {"version": version, "seconds": time.perf_counter() - start}
+
+    def serve(self) -> None:
+        """Start serving the request stream with the weights held, if not serving yet (after a restart)."""
+        if self.thread.ident is None and not self.stop.is_set():
+            self.thread.start()
 
     def stats(self) -> dict[str, Any]:
         return {"policy_version": self.service.engine.policy_version, **self.service.counts}
 
     def policy_version(self) -> int:
-        return self.service.engine.policy_version
+        """The policy version it serves; -1 for a restarted worker that serves nothing yet."""
+        return self.service.engine.policy_version if self.thread.ident is not None else -1
 
     def rng_state(self) -> dict[str, int]:
         """The engine's sampling state (its count of unseeded generation calls), for checkpoints."""
@@ -68,7 +87,9 @@ class RolloutWorker:
 
     def shutdown(self) -> None:
         self.stop.set()
-        self.thread.join(timeout=10)
+        if self.thread.ident is not None:
+            self.thread.join(timeout=10)
 
     def ping(self) -> bool:
-        return self.thread.is_alive()
+        """The serving thread runs (or, after a restart, waits to be started)."""
+        return self.thread.is_alive() or self.thread.ident is None

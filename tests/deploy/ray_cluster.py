@@ -1,11 +1,13 @@
 """A Ray cluster of several nodes on this one machine, started with the `ray` CLI as an operator would (a head
 and worker nodes offering custom resources), and stopped node by node without touching any other Ray on the
-machine: every process of a node is found by the unique ports and temp dir it was started with."""
+machine: every process of a node is found by the unique ports and temp dir it was started with, and by descent
+from those (the workers its raylet started)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,32 +33,57 @@ def _ports() -> list[str]:
     return [f"{name}={free_port()}" for name in names]
 
 
+def _cmdlines() -> dict[int, str]:
+    """pid -> command line (arguments joined by spaces) of every live process."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                out[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+    return out
+
+
+def _parents() -> dict[int, int]:
+    """pid -> parent pid of every live process."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            out[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])  # the field after the state
+    return out
+
+
 @dataclass
 class Node:
     name: str
     resources: dict
     marker: str  # a port only this node's processes carry on their command lines
 
-    def pids(self) -> list[int]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                except OSError:
-                    continue
-                if self.marker in cmdline and int(entry.name) != os.getpid():
-                    found.append(int(entry.name))
-        return found
+    def processes(self) -> dict[int, str]:
+        """This node's processes (pid -> command line): those carrying its marker (raylet, agents) and all their
+        descendants (the workers its raylet started, whose command lines are their `ray::Class` titles)."""
+        cmdlines, parents = _cmdlines(), _parents()
+        mine = {pid for pid, cmdline in cmdlines.items() if self.marker in cmdline and pid != os.getpid()}
+        children = mine
+        while children:
+            children = {pid for pid, parent in parents.items() if parent in children} - mine
+            mine |= children
+        return {pid: cmdlines.get(pid, "") for pid in sorted(mine)}
 
-    def kill(self, sig: int = signal.SIGKILL) -> list[int]:
-        pids = self.pids()
-        for pid in pids:
+    def kill(self, sig: int = signal.SIGKILL) -> dict[int, str]:
+        """Signal every process of the node (as a lost host or pod would lose them); returns those signalled."""
+        found = self.processes()
+        for pid in found:
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        return pids
+        return found
 
 
 @dataclass
@@ -108,6 +135,7 @@ class LocalCluster:
         return out
 
     def stop(self) -> None:
+        """End every process of this cluster (SIGTERM, then SIGKILL) and remove its temp dir."""
         for node in reversed(self.nodes):
             node.kill(signal.SIGTERM)
         time.sleep(2)
@@ -120,6 +148,7 @@ class LocalCluster:
                         os.kill(int(entry.name), signal.SIGKILL)
                 except (OSError, ProcessLookupError):
                     pass
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
     def _run(self, args: list[str]) -> None:
         env = {**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "disabled"}
