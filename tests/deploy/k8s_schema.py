@@ -35,7 +35,10 @@ def crd_schema(kind: str, api_version: str) -> dict:
 
 
 def strict(schema: dict) -> dict:
-    """The schema with additionalProperties: false on every object that lists its properties."""
+    """The schema for JSON Schema to validate like the API server, plus one strictness: additionalProperties:
+    false on every object that lists its properties and does not set x-kubernetes-preserve-unknown-fields (the
+    server would prune an unknown field there). An x-kubernetes-int-or-string node accepts an integer or a
+    string (the CRDs spell that out with anyOf; a node that does not gets it here)."""
     schema = copy.deepcopy(schema)
 
     def walk(node: Any) -> None:
@@ -43,6 +46,9 @@ def strict(schema: dict) -> dict:
             if ("properties" in node and "additionalProperties" not in node
                     and not node.get("x-kubernetes-preserve-unknown-fields")):
                 node["additionalProperties"] = False
+            if node.get("x-kubernetes-int-or-string") and "anyOf" not in node and "oneOf" not in node:
+                node.pop("type", None)
+                node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
             for value in node.values():
                 walk(value)
         elif isinstance(node, list):
@@ -77,6 +83,12 @@ def apply_defaults(obj: Any, schema: dict) -> Any:
     elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
         return [apply_defaults(item, schema["items"]) for item in obj]
     return obj
+
+
+def submission_modes(api_version: str) -> set[str]:
+    """RayJob submission modes: the CRD's enum where it has one, else the controller's (SUBMISSION_MODES)."""
+    spec = crd_schema("RayJob", api_version)["properties"]["spec"]["properties"]
+    return set(spec["submissionMode"].get("enum") or SUBMISSION_MODES)
 
 
 def validate(obj: dict) -> dict:

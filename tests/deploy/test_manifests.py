@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.deploy.k8s_schema import SUBMISSION_MODES, validate
+from tests.deploy.k8s_schema import submission_modes, validate
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data" / "deploy"
@@ -70,6 +70,27 @@ def test_gpu_workers_reserve_gpus_and_shared_memory(compose):
     assert devices and devices[0]["capabilities"] == ["gpu"] and devices[0]["driver"] == "nvidia"
     assert worker["shm_size"] and compose["services"]["ray-head"]["shm_size"]
     assert "--address=pcl-head:6379" in worker["command"]
+
+
+def test_control_plane_token_is_required_not_defaulted(compose):
+    token = compose["x-pcl-env"]["PCL_API_TOKEN"]
+    assert token.startswith("${PCL_API_TOKEN:?"), token  # compose stops with the message when it is unset
+    for name in ("demo", "ray-head"):
+        assert compose["services"][name]["environment"]["PCL_API_TOKEN"] == token, name
+
+
+def test_gpu_runs_are_submitted_to_the_head_as_ray_jobs(compose):
+    submit = compose["services"]["submit"]
+    assert submit["environment"]["RAY_ADDRESS"] == "http://pcl-head:8265"
+    assert submit["entrypoint"][:3] == ["ray", "job", "submit"] and submit["command"][0] == "train"
+    assert Path(submit["command"][1]).is_absolute()  # the job's driver does not run in the submitter's dir
+    head = compose["services"]["ray-head"]
+    assert "--head" in head["command"] and "--block" in head["command"] and "8265:8265" in head["ports"]
+    assert "8600:8600" in head["ports"]
+    assert any(a.startswith("--metrics-export-port=") for a in head["command"])
+    # every Ray node shares the tiny build's cache through the runs volume
+    for name in ("ray-head", "ray-gpu-worker"):
+        assert compose["services"][name]["environment"]["PCL_CACHE"].startswith("/runs/"), name
 
 
 def test_dependencies_wait_for_health(compose):
@@ -131,7 +152,25 @@ def test_dockerfile_has_both_targets_a_non_root_user_and_pcl_as_entry_point():
     for path in ("pcl", "actors", "services", "configs", "pyproject.toml"):
         assert (REPO / path).exists()
     ignored = (REPO / ".dockerignore").read_text().split()
-    assert ".venv" in ignored and ".git" in ignored
+    assert ".venv" in ignored and ".git" in ignored and "runs" in ignored
+
+
+def test_named_volumes_mount_where_the_image_user_owns_the_path(compose):
+    """An empty named volume takes its mount point's owner: the non-root pcl user must own each one."""
+    text = (REPO / "deploy" / "Dockerfile").read_text()
+    owned: dict[str, set[str]] = {}
+    for stage in text.split("\nFROM ")[1:]:
+        name = stage.splitlines()[0].split()[-1]
+        owned[name] = {word for line in stage.splitlines() if "chown pcl:pcl" in line
+                       for word in line.split("chown pcl:pcl", 1)[1].split() if word.startswith("/")}
+    for name, service in compose["services"].items():
+        image = service.get("image", "")
+        if not image.startswith("pcl:"):
+            continue
+        for volume in service.get("volumes", []):
+            source, target = volume.split(":")[:2]
+            if not source.startswith("./"):
+                assert target in owned[image.split(":")[1]], (name, target)
 
 
 # -- deploy/kuberay -----------------------------------------------------------------------------------------------
@@ -150,6 +189,21 @@ def test_crd_validator_rejects_unknown_fields_and_wrong_types(manifests):
     cluster["spec"]["workerGroupSpecs"][0]["replicas"] = "one"
     with pytest.raises(jsonschema.ValidationError):
         validate(cluster)
+    job = json.loads(json.dumps(manifests[("RayJob", "pcl-train")]))
+    job["spec"]["entrypoint"] = ["pcl", "train"]
+    with pytest.raises(jsonschema.ValidationError):
+        validate(job)
+
+
+def test_int_or_string_quantities_take_either_and_nothing_else(manifests):
+    cluster = json.loads(json.dumps(manifests[("RayCluster", "pcl")]))
+    container = cluster["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+    limits = container["resources"]["limits"]
+    limits["nvidia.com/gpu"] = 8  # an int-or-string quantity: 8 and "8" are both valid
+    validate(cluster)
+    limits["nvidia.com/gpu"] = [8]
+    with pytest.raises(jsonschema.ValidationError):
+        validate(cluster)
 
 
 def test_defaults_are_applied_and_nulls_dropped(manifests):
@@ -162,7 +216,7 @@ def test_defaults_are_applied_and_nulls_dropped(manifests):
 
 def test_rayjob_runs_pcl_train_on_the_cluster_with_its_configmap(manifests):
     job = manifests[("RayJob", "pcl-train")]["spec"]
-    assert job["submissionMode"] in SUBMISSION_MODES
+    assert job["submissionMode"] in submission_modes(manifests[("RayJob", "pcl-train")]["apiVersion"])
     assert job["entrypoint"].startswith("pcl train /config/run.yaml")
     assert job["clusterSelector"] == {"ray.io/cluster": "pcl"}
     head = manifests[("RayCluster", "pcl")]["spec"]["headGroupSpec"]["template"]["spec"]
@@ -183,6 +237,35 @@ def test_run_config_in_the_configmap_is_a_valid_run_config(manifests, tmp_path):
     worker = manifests[("RayCluster", "pcl")]["spec"]["workerGroupSpecs"][0]
     offered = json.loads(json.loads(worker["rayStartParams"]["resources"]))
     assert set(cfg.rollout.resources) <= set(offered) and set(cfg.learner.resources) <= set(offered)
+
+
+def test_run_config_fits_the_worker_group(manifests, tmp_path):
+    """Every actor the run places on GPUs or custom resources fits the worker pods: nothing pends for ever."""
+    from pcl.config import load_config
+
+    path = tmp_path / "run.yaml"
+    path.write_text(manifests[("ConfigMap", "pcl-run-config")]["data"]["run.yaml"])
+    cfg = load_config(path)
+    group = manifests[("RayCluster", "pcl")]["spec"]["workerGroupSpecs"][0]
+    pods = group["replicas"]
+    gpus_per_pod = int(group["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+    offered = json.loads(json.loads(group["rayStartParams"]["resources"]))
+    # (count, GPUs each, custom resources each); the value scorer holds learner.num_gpus_per_rank GPUs itself
+    actors = [(cfg.rollout.num_workers, cfg.rollout.num_gpus_per_worker, cfg.rollout.resources),
+              (cfg.learner.num_ranks, cfg.learner.num_gpus_per_rank, cfg.learner.resources),
+              (1, cfg.learner.num_gpus_per_rank, cfg.value.resources),
+              (cfg.verifier.num_workers, 0, cfg.verifier.resources)]
+    assert sum(count * gpus for count, gpus, _ in actors) <= gpus_per_pod * pods
+    demand: dict[str, float] = {}
+    for count, _, resources in actors:
+        for name, amount in resources.items():
+            demand[name] = demand.get(name, 0) + count * amount
+    for name, amount in demand.items():
+        assert amount <= offered.get(name, 0) * pods, (name, amount, offered)
+    # the compose GPU worker offers the same slots, so the same run config places there too
+    compose_worker = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]["ray-gpu-worker"]
+    flag = next(a for a in compose_worker["command"] if a.startswith("--resources="))
+    assert json.loads(flag.split("=", 1)[1]) == offered
 
 
 def test_head_schedules_no_work_and_workers_request_gpus(manifests):
