@@ -10,9 +10,15 @@ A build writes, into a temporary directory renamed into place when complete:
   report.json                                              warm-up loss, measured pass rates, timings
   COMPLETE                                                 the marker, written last
 The policy is warm-started by a short supervised run on the training split whose length is a step count
-(not wall time), so a seed gives the same weights on the same machine. The build then measures the
-policy's sampled pass rates on training prompts with the project's reward and reports their spread: the
-curriculum matters only if easy, intermediate and hard prompts all occur.
+(not wall time), so a seed gives the same weights on the same machine. The warm-up ends in a steep phase (the
+policy learns to carry digits), where a few steps move the pass rate by several points and where CPUs with
+other float kernels arrive a little earlier or later. So from PROBE_FROM on, every PROBE_EVERY steps, the
+build samples a fixed probe set and stops once its mean pass rate reaches TARGET_PASS_RATE (the learning
+rate decays over WARMUP_DECAY_STEPS; a build short of the target then goes on at the floor rate, up to
+WARMUP_STEPS): the starting policy is about as strong on every machine (the embedded default's settings are
+tuned for it), not merely trained for as many steps. The build then measures the policy's sampled pass rates
+on training prompts with the project's reward and reports their spread: the curriculum matters only if
+easy, intermediate and hard prompts all occur.
 """
 
 from __future__ import annotations
@@ -36,12 +42,24 @@ MARKER = "COMPLETE"
 TRAIN_SIZE = 4096  # rows in train.jsonl (the config's data.tiny_size default)
 EVAL_SIZE = 1024  # rows in eval.jsonl (covers data.eval_size)
 # Many small batches rather than fewer large ones at the same compute: the warm-up's plateau (before the
-# policy learns to align the units digits) ends after a number of updates, not of examples.
-WARMUP_STEPS = 800
+# policy learns to align the units digits) ends after a number of updates, not of examples. The learning rate
+# decays over WARMUP_DECAY_STEPS and then stays at its floor; a build whose probes have not reached the
+# target by then goes on (over the same shuffled rows again) up to WARMUP_STEPS.
+WARMUP_DECAY_STEPS = 800
+WARMUP_STEPS = 1200
 WARMUP_BATCH = 64
 WARMUP_LR = 2e-3
 MEASURE_PROMPTS = 512
 MEASURE_SAMPLES = 16
+# The warm-up's stop: the first probe (PROBE_PROMPTS training prompts x PROBE_SAMPLES samples, ~1.5 s) from
+# step PROBE_FROM on, every PROBE_EVERY steps, whose mean pass rate reaches TARGET_PASS_RATE; else WARMUP_STEPS.
+TARGET_PASS_RATE = 0.40
+PROBE_FROM = 400
+PROBE_EVERY = 20
+PROBE_PROMPTS = 128
+PROBE_SAMPLES = 8
+# The settings a cached build records in its marker; a build of an older format is rebuilt, not reused.
+BUILD_FORMAT = 2
 # One thread: CPU float reductions can depend on the thread count, so one fixed count keeps a seed's weights
 # the same on any machine, and the small warm-up batches gain little from a second thread while a busy
 # machine (Ray actors, other jobs) makes two threads slower than one.
@@ -99,18 +117,23 @@ def encode_for_training(rows: list[dict], tokenizer) -> tuple[torch.Tensor, torc
 
 
 def warm_up(model, input_ids: torch.Tensor, labels: torch.Tensor, steps: int, batch_size: int, lr: float,
-            log: Callable[[str], None]) -> list[float]:
-    """Supervised warm-up: `steps` AdamW steps over consecutive batches of the (pre-shuffled) rows.
+            log: Callable[[str], None], stop: Callable[[int], bool] | None = None,
+            decay_steps: int | None = None) -> list[float]:
+    """Supervised warm-up: up to `steps` AdamW steps over consecutive batches of the (pre-shuffled) rows.
 
-    Linear warm-up for 5% of the steps, then cosine decay to 10% of lr. Returns the loss of every step.
+    Linear warm-up for 5% of `decay_steps` (default: `steps`), cosine decay to 10% of lr at `decay_steps`,
+    then 10% of lr. `stop(done)`, called after each step
+    but the last with the steps done (the model in eval mode), ends the warm-up early by returning True.
+    Returns the loss of every step taken.
     """
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
-    warm = max(1, steps // 20)
+    decay_steps = steps if decay_steps is None else min(decay_steps, steps)
+    warm = max(1, decay_steps // 20)
 
     def schedule(step: int) -> float:
         if step < warm:
             return (step + 1) / warm
-        progress = (step - warm) / max(1, steps - warm)
+        progress = min(1.0, (step - warm) / max(1, decay_steps - warm))
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
@@ -132,6 +155,12 @@ def warm_up(model, input_ids: torch.Tensor, labels: torch.Tensor, steps: int, ba
             recent = losses[-every:]
             log(f"  warm-up step {step + 1:5d}/{steps}  loss {sum(recent) / len(recent):.4f}"
                 f"  {time.perf_counter() - started:6.1f}s")
+        if stop is not None and step + 1 < steps:
+            model.eval()
+            if stop(step + 1):
+                log(f"  warm-up stopped at step {step + 1}/{steps}")
+                break
+            model.train()
     model.eval()
     return losses
 
@@ -193,7 +222,13 @@ def format_report(report: dict) -> str:
     rates = report["pass_rates"]
     peak = max(rates["histogram"]) or 1
     samples = f"{MEASURE_SAMPLES} samples each, temperature 1"
-    lines = [f"pass rates of {rates['prompts']} training prompts ({samples}):"]
+    lines = []
+    if "warmup_steps_taken" in report:
+        stopped = report["warmup_steps_taken"] < report["warmup_steps"]
+        lines.append(f"warm-up: {report['warmup_steps_taken']} of at most {report['warmup_steps']} steps"
+                     + (f", stopped at the probe pass rate {report['probes'][-1]['pass_rate']:.3f} "
+                        f"(target {report['target_pass_rate']})" if stopped else ""))
+    lines.append(f"pass rates of {rates['prompts']} training prompts ({samples}):")
     for i, count in enumerate(rates["histogram"]):
         bar = "#" * round(40 * count / peak)
         lines.append(f"  [{i / 10:.1f}, {(i + 1) / 10:.1f}{']' if i == 9 else ')'} {count:5d} {bar}")
@@ -246,10 +281,12 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 def build_tiny(
     seed: int = 0, out_dir: str | os.PathLike | None = None, force: bool = False, verbose: bool = False,
     steps: int = WARMUP_STEPS, measure_prompts: int = MEASURE_PROMPTS,
+    target_pass_rate: float | None = TARGET_PASS_RATE, probe_from: int = PROBE_FROM, probe_every: int = PROBE_EVERY,
 ) -> Path:
     """Build (or find cached) the tiny task, tokenizer and warm-started policy; returns its directory.
 
-    `steps` and `measure_prompts` default to the real build; tests pass smaller values.
+    `steps` (the most warm-up steps), `measure_prompts` and the probe settings default to the real build;
+    tests pass smaller values. `target_pass_rate=None` trains all `steps` without probing.
     """
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
@@ -257,19 +294,26 @@ def build_tiny(
         raise ValueError(f"steps must be >= 1, got {steps}")
     if not 1 <= measure_prompts <= TRAIN_SIZE:
         raise ValueError(f"measure_prompts must be in [1, {TRAIN_SIZE}] (train.jsonl), got {measure_prompts}")
+    if target_pass_rate is not None and not 0.0 <= target_pass_rate <= 1.0:
+        raise ValueError(f"target_pass_rate must be in [0, 1] or None, got {target_pass_rate!r}")
+    if probe_from < 1 or probe_every < 1:
+        raise ValueError(f"probe_from and probe_every must be >= 1, got {probe_from} and {probe_every}")
     target = Path(out_dir) if out_dir is not None else tiny_dir(seed)
     log = print if verbose else (lambda _msg: None)
-    wanted = {"seed": seed, "warmup_steps": steps, "measure_prompts": measure_prompts}
+    wanted = {"format": BUILD_FORMAT, "seed": seed, "warmup_steps": steps, "decay_steps": WARMUP_DECAY_STEPS, "measure_prompts": measure_prompts,
+              "target_pass_rate": target_pass_rate, "probe_from": probe_from, "probe_every": probe_every}
     if is_complete(target) and not force:
-        return _cached(target, wanted, log)
+        if _format(target) == BUILD_FORMAT:
+            return _cached(target, wanted, log)
+        print(f"{target} holds a tiny build of an older format: rebuilding it")
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(target)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
     try:
-        _build_into(staging, seed, steps, measure_prompts, log)
+        _build_into(staging, seed, steps, measure_prompts, log, target_pass_rate, probe_from, probe_every)
         (staging / MARKER).write_text(json.dumps(wanted) + "\n")  # last: the build is complete
         staging.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
-        if is_complete(target) and not force:  # a concurrent build of the same target finished first
+        if is_complete(target) and not force and _format(target) == BUILD_FORMAT:  # a concurrent build won
             shutil.rmtree(staging)
             return _cached(target, wanted, log)
         if target.exists():
@@ -280,6 +324,10 @@ def build_tiny(
         raise
     log(f"tiny build written to {target}")
     return target
+
+
+def _format(target: Path) -> int | None:
+    return json.loads((target / MARKER).read_text()).get("format")
 
 
 def _cached(target: Path, wanted: dict, log: Callable[[str], None]) -> Path:
@@ -299,15 +347,17 @@ def _remove_stale_staging(target: Path, max_age_s: float = 3600.0) -> None:
             shutil.rmtree(staging, ignore_errors=True)
 
 
-def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Callable[[str], None]) -> None:
+def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Callable[[str], None],
+                target_pass_rate: float | None, probe_from: int, probe_every: int) -> None:
     """All of a build's files but the marker."""
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
     started, cpu_started = time.perf_counter(), time.process_time()
-    log(f"building the tiny task and policy (seed {seed}, {steps} warm-up steps, {BUILD_THREADS} thread)")
+    log(f"building the tiny task and policy (seed {seed}, up to {steps} warm-up steps, {BUILD_THREADS} thread)")
     tokenizer = build_tokenizer()
     tokenizer.save_pretrained(out)
-    train_rows = make_dataset(max(TRAIN_SIZE, steps * WARMUP_BATCH), seed, "train")
+    decay_steps = min(steps, WARMUP_DECAY_STEPS)
+    train_rows = make_dataset(max(TRAIN_SIZE, decay_steps * WARMUP_BATCH), seed, "train")
     _write_jsonl(out / "train.jsonl", train_rows[:TRAIN_SIZE])
     _write_jsonl(out / "eval.jsonl", make_dataset(EVAL_SIZE, seed, "eval"))
     with deterministic_cpu(BUILD_THREADS):
@@ -317,8 +367,21 @@ def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Cal
         input_ids, labels = encode_for_training(train_rows, tokenizer)
         # A seeded shuffle, so batches mix levels and the train.jsonl rows are spread through the run.
         order = torch.randperm(input_ids.shape[0], generator=torch.Generator().manual_seed(seed))
+        probes: list[dict] = []
+        probe_rows = train_rows[:PROBE_PROMPTS]
+
+        def stop(done: int) -> bool:
+            if target_pass_rate is None or done < probe_from or (done - probe_from) % probe_every:
+                return False
+            with torch.random.fork_rng():  # the probe's sampling leaves the warm-up's generator alone
+                rates = measure_pass_rates(model, tokenizer, probe_rows, PROBE_SAMPLES, seed=seed)
+            probes.append({"step": done, "pass_rate": round(sum(rates) / len(rates), 4)})
+            log(f"  probe at step {done}: pass rate {probes[-1]['pass_rate']:.3f} (target {target_pass_rate})")
+            return probes[-1]["pass_rate"] >= target_pass_rate
+
         warm_started = time.perf_counter()
-        losses = warm_up(model, input_ids[order], labels[order], steps, WARMUP_BATCH, WARMUP_LR, log)
+        losses = warm_up(model, input_ids[order], labels[order], steps, WARMUP_BATCH, WARMUP_LR, log, stop,
+                         decay_steps)
         warmup_seconds = time.perf_counter() - warm_started
         model.generation_config = GenerationConfig(
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -330,13 +393,15 @@ def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Cal
         rates = measure_pass_rates(model, tokenizer, train_rows[:measure_prompts], MEASURE_SAMPLES, seed=seed)
         measure_seconds = time.perf_counter() - measure_started
     summary = summarize(rates, [r["difficulty"] for r in train_rows[:measure_prompts]])
-    tenth = math.ceil(steps / 10)
+    taken = len(losses)
+    tenth = math.ceil(taken / 10)
     report = {
-        "seed": seed, "warmup_steps": steps, "warmup_batch": WARMUP_BATCH, "warmup_lr": WARMUP_LR,
+        "seed": seed, "warmup_steps": steps, "warmup_steps_taken": taken, "warmup_batch": WARMUP_BATCH,
+        "warmup_lr": WARMUP_LR, "warmup_decay_steps": decay_steps, "target_pass_rate": target_pass_rate, "probes": probes,
         "parameters": sum(p.numel() for p in model.parameters()),
         "final_loss": sum(losses[-20:]) / len(losses[-20:]),
         "loss_by_tenth": [round(sum(losses[i : i + tenth]) / len(losses[i : i + tenth]), 4)
-                          for i in range(0, steps, tenth)],
+                          for i in range(0, taken, tenth)],
         "pass_rates": summary,
         "warmup_seconds": round(warmup_seconds, 2), "measure_seconds": round(measure_seconds, 2),
         "build_seconds": round(time.perf_counter() - started, 2),

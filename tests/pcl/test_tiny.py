@@ -164,6 +164,36 @@ def test_build_with_other_settings_is_not_mistaken_for_the_cached_one(quick_buil
         build_tiny(seed=2, out_dir=quick_builds[1], steps=4, measure_prompts=8)
 
 
+def test_warm_up_stops_at_the_first_probe_reaching_the_target(tmp_path):
+    report = json.loads((build_tiny(seed=2, out_dir=tmp_path / "t", steps=6, measure_prompts=8, target_pass_rate=0.0,
+                                    probe_from=2, probe_every=2) / "report.json").read_text())
+    assert report["warmup_steps_taken"] == 2 and len(report["loss_by_tenth"]) == 2
+    assert [p["step"] for p in report["probes"]] == [2]
+
+
+def test_probes_that_never_reach_the_target_leave_the_warm_up_unchanged(tmp_path):
+    from safetensors.torch import load_file
+
+    probed = build_tiny(seed=2, out_dir=tmp_path / "probed", steps=6, measure_prompts=8, target_pass_rate=1.0,
+                        probe_from=2, probe_every=2)
+    plain = build_tiny(seed=2, out_dir=tmp_path / "plain", steps=6, measure_prompts=8, target_pass_rate=None)
+    report = json.loads((probed / "report.json").read_text())
+    assert report["warmup_steps_taken"] == 6 and [p["step"] for p in report["probes"]] == [2, 4]
+    assert all(0.0 <= p["pass_rate"] < 1.0 for p in report["probes"])
+    first, second = load_file(probed / "model.safetensors"), load_file(plain / "model.safetensors")
+    assert all(torch.equal(first[name], second[name]) for name in first)  # the probes sample on a forked RNG
+    assert json.loads((plain / "report.json").read_text())["probes"] == []
+
+
+def test_a_build_of_an_older_format_is_rebuilt(tmp_path, capsys):
+    path = build_tiny(seed=2, out_dir=tmp_path / "t", steps=2, measure_prompts=4)
+    marker = json.loads((path / MARKER).read_text())
+    (path / MARKER).write_text(json.dumps({k: v for k, v in marker.items() if k != "format"}))
+    assert build_tiny(seed=2, out_dir=path, steps=2, measure_prompts=4) == path
+    assert "older format: rebuilding" in capsys.readouterr().out
+    assert json.loads((path / MARKER).read_text()) == marker
+
+
 def test_unreadable_marker_means_incomplete(tmp_path):
     (tmp_path / MARKER).write_text("seed 0\n")  # not the marker a build writes
     assert not build.is_complete(tmp_path) and not build.is_complete(tmp_path / "absent")
@@ -187,13 +217,23 @@ def test_bad_build_arguments_are_named(tmp_path):
         build_tiny(seed=0, out_dir=tmp_path, steps=0)
     with pytest.raises(ValueError, match="measure_prompts"):
         build_tiny(seed=0, out_dir=tmp_path, measure_prompts=5000)
+    with pytest.raises(ValueError, match="target_pass_rate"):
+        build_tiny(seed=0, out_dir=tmp_path, target_pass_rate=1.5)
+    with pytest.raises(ValueError, match="probe_every"):
+        build_tiny(seed=0, out_dir=tmp_path, probe_every=0)
     assert not any(tmp_path.iterdir())  # nothing was built
 
 
 @pytest.mark.slow
 def test_full_build_spreads_pass_rates(tmp_path):
-    """The real build: at least 30% of prompts with 0.1 <= p <= 0.9 and a mean pass rate in [0.2, 0.7]."""
+    """The real build: at least 30% of prompts with 0.1 <= p <= 0.9 and a mean pass rate in [0.2, 0.7]; the
+    warm-up stops once a probe reaches the target, or runs all its steps."""
     report = json.loads((build_tiny(seed=0, out_dir=tmp_path / "tiny") / "report.json").read_text())
+    probes = report["probes"]
+    assert probes and all(p["pass_rate"] < build.TARGET_PASS_RATE for p in probes[:-1])
+    if report["warmup_steps_taken"] < report["warmup_steps"]:
+        assert probes[-1]["pass_rate"] >= build.TARGET_PASS_RATE
+        assert report["warmup_steps_taken"] == probes[-1]["step"]
     rates = report["pass_rates"]
     assert rates["prompts"] == 512
     assert rates["intermediate_share"] >= 0.30, rates
