@@ -261,6 +261,24 @@ def wait_for_url(run_dir: Path, trainer: TrainingThread) -> str:
     return url
 
 
+def step_table(phases: list[tuple[str, int, int]], records: dict[int, dict]) -> list[dict]:
+    """One row per phase step: its phase, whether it counts (not the first of its phase), its seconds."""
+    return [{"step": step, "phase": name, "counted": step > first, "seconds": records[step]["step_seconds"]}
+            for name, first, last in phases for step in range(first, last + 1)]
+
+
+def round_ratios(phases: list[tuple[str, int, int]], steps_table: list[dict]) -> list[dict]:
+    """The quiet and the load phase of each round side by side: their median step times and ratio."""
+    rounds = []
+    for index in range(0, len(phases), 2):
+        medians = {name: statistics.median(s["seconds"] for s in steps_table
+                                           if s["counted"] and first <= s["step"] <= last)
+                   for name, first, last in phases[index:index + 2]}
+        rounds.append({"quiet_median": medians["quiet"], "load_median": medians["load"],
+                       "ratio": medians["load"] / medians["quiet"]})
+    return rounds
+
+
 def run(args: argparse.Namespace) -> dict:
     import httpx
 
@@ -306,27 +324,14 @@ def run(args: argparse.Namespace) -> dict:
 
             ray.shutdown()
     watcher.done()
-    step_seconds = {"quiet": [], "load": []}
-    steps_table = []
-    for name, first, last in phases:
-        for step in range(first, last + 1):
-            counted = step > first
-            steps_table.append({"step": step, "phase": name, "counted": counted,
-                                "seconds": watcher.records[step]["step_seconds"]})
-            if counted:
-                step_seconds[name].append(watcher.records[step]["step_seconds"])
+    steps_table = step_table(phases, watcher.records)
     latency = {name: latency_row(values) for name, values in sorted(loop.latency.items())}
     everything = [x for values in loop.latency.values() for x in values]
     latency["all"] = latency_row(everything)
-    quiet, load = step_row(step_seconds["quiet"]), step_row(step_seconds["load"])
+    quiet, load = (step_row([s["seconds"] for s in steps_table if s["counted"] and s["phase"] == name])
+                   for name in ("quiet", "load"))
     ratio = load["median"] / quiet["median"]
-    rounds = []
-    for index in range(args.rounds):  # the quiet and the load phase of each round, side by side
-        medians = {name: statistics.median(s["seconds"] for s in steps_table
-                                           if s["counted"] and first <= s["step"] <= last)
-                   for name, first, last in phases[2 * index:2 * index + 2]}
-        rounds.append({"quiet_median": medians["quiet"], "load_median": medians["load"],
-                       "ratio": medians["load"] / medians["quiet"]})
+    rounds = round_ratios(phases, steps_table)
     taus = sorted({r.get("tau") for r in watcher.records.values()}, key=repr)
     return {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),

@@ -76,12 +76,18 @@ def tiny_dir(seed: int = 0) -> Path:
     return cache_root() / "tiny" / f"seed-{seed}"
 
 
+def _marker(path: str | os.PathLike) -> dict | None:
+    """The settings a finished build at `path` recorded in its marker, or None if it holds none."""
+    try:
+        recorded = json.loads((Path(path) / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return recorded if isinstance(recorded, dict) else None
+
+
 def is_complete(path: str | os.PathLike) -> bool:
     """True when `path` holds a finished build: its marker exists and records the build's settings."""
-    try:
-        return isinstance(json.loads((Path(path) / MARKER).read_text()), dict)
-    except (OSError, ValueError):
-        return False
+    return _marker(path) is not None
 
 
 def policy_config(tokenizer) -> "Qwen3Config":
@@ -122,8 +128,8 @@ def warm_up(model, input_ids: torch.Tensor, labels: torch.Tensor, steps: int, ba
     """Supervised warm-up: up to `steps` AdamW steps over consecutive batches of the (pre-shuffled) rows.
 
     Linear warm-up for 5% of `decay_steps` (default: `steps`), cosine decay to 10% of lr at `decay_steps`,
-    then 10% of lr. `stop(done)`, called after each step
-    but the last with the steps done (the model in eval mode), ends the warm-up early by returning True.
+    then 10% of lr. `stop(done)`, called after each step but the last with the steps done (the model in
+    eval mode), ends the warm-up early by returning True.
     Returns the loss of every step taken.
     """
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
@@ -300,11 +306,13 @@ def build_tiny(
         raise ValueError(f"probe_from and probe_every must be >= 1, got {probe_from} and {probe_every}")
     target = Path(out_dir) if out_dir is not None else tiny_dir(seed)
     log = print if verbose else (lambda _msg: None)
-    wanted = {"format": BUILD_FORMAT, "seed": seed, "warmup_steps": steps, "decay_steps": WARMUP_DECAY_STEPS, "measure_prompts": measure_prompts,
-              "target_pass_rate": target_pass_rate, "probe_from": probe_from, "probe_every": probe_every}
-    if is_complete(target) and not force:
-        if _format(target) == BUILD_FORMAT:
-            return _cached(target, wanted, log)
+    wanted = {"format": BUILD_FORMAT, "seed": seed, "warmup_steps": steps, "decay_steps": WARMUP_DECAY_STEPS,
+              "measure_prompts": measure_prompts, "target_pass_rate": target_pass_rate, "probe_from": probe_from,
+              "probe_every": probe_every}
+    recorded = _marker(target)
+    if recorded is not None and not force:
+        if recorded.get("format") == BUILD_FORMAT:
+            return _cached(target, recorded, wanted, log)
         print(f"{target} holds a tiny build of an older format: rebuilding it")
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(target)
@@ -313,9 +321,10 @@ def build_tiny(
         _build_into(staging, seed, steps, measure_prompts, log, target_pass_rate, probe_from, probe_every)
         (staging / MARKER).write_text(json.dumps(wanted) + "\n")  # last: the build is complete
         staging.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
-        if is_complete(target) and not force and _format(target) == BUILD_FORMAT:  # a concurrent build won
+        recorded = _marker(target)
+        if recorded is not None and not force and recorded.get("format") == BUILD_FORMAT:  # a concurrent build won
             shutil.rmtree(staging)
-            return _cached(target, wanted, log)
+            return _cached(target, recorded, wanted, log)
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)
@@ -326,13 +335,8 @@ def build_tiny(
     return target
 
 
-def _format(target: Path) -> int | None:
-    return json.loads((target / MARKER).read_text()).get("format")
-
-
-def _cached(target: Path, wanted: dict, log: Callable[[str], None]) -> Path:
-    """A complete build at `target`, after checking it was built with the requested settings."""
-    recorded = json.loads((target / MARKER).read_text())
+def _cached(target: Path, recorded: dict, wanted: dict, log: Callable[[str], None]) -> Path:
+    """A complete build at `target` (its marker `recorded`), after checking it was built as `wanted`."""
     if recorded != wanted:
         raise ValueError(f"{target} holds a tiny build made with {recorded}, not {wanted}; "
                          "rebuild it with force=True (pcl make-tiny --force) or choose another directory")
@@ -345,6 +349,23 @@ def _remove_stale_staging(target: Path, max_age_s: float = 3600.0) -> None:
     for staging in target.parent.glob(f".{target.name}.building-*"):
         if time.time() - staging.stat().st_mtime > max_age_s:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _probe_stop(model, tokenizer, rows: list[dict], seed: int, target_pass_rate: float | None, probe_from: int,
+                probe_every: int, probes: list[dict], log: Callable[[str], None]) -> Callable[[int], bool]:
+    """warm_up's `stop`: on probe steps, the mean sampled pass rate of `rows` (appended to `probes`) against
+    the target."""
+
+    def stop(done: int) -> bool:
+        if target_pass_rate is None or done < probe_from or (done - probe_from) % probe_every:
+            return False
+        with torch.random.fork_rng():  # the probe's sampling leaves the warm-up's generator alone
+            rates = measure_pass_rates(model, tokenizer, rows, PROBE_SAMPLES, seed=seed)
+        probes.append({"step": done, "pass_rate": round(sum(rates) / len(rates), 4)})
+        log(f"  probe at step {done}: pass rate {probes[-1]['pass_rate']:.3f} (target {target_pass_rate})")
+        return probes[-1]["pass_rate"] >= target_pass_rate
+
+    return stop
 
 
 def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Callable[[str], None],
@@ -368,17 +389,8 @@ def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Cal
         # A seeded shuffle, so batches mix levels and the train.jsonl rows are spread through the run.
         order = torch.randperm(input_ids.shape[0], generator=torch.Generator().manual_seed(seed))
         probes: list[dict] = []
-        probe_rows = train_rows[:PROBE_PROMPTS]
-
-        def stop(done: int) -> bool:
-            if target_pass_rate is None or done < probe_from or (done - probe_from) % probe_every:
-                return False
-            with torch.random.fork_rng():  # the probe's sampling leaves the warm-up's generator alone
-                rates = measure_pass_rates(model, tokenizer, probe_rows, PROBE_SAMPLES, seed=seed)
-            probes.append({"step": done, "pass_rate": round(sum(rates) / len(rates), 4)})
-            log(f"  probe at step {done}: pass rate {probes[-1]['pass_rate']:.3f} (target {target_pass_rate})")
-            return probes[-1]["pass_rate"] >= target_pass_rate
-
+        stop = _probe_stop(model, tokenizer, train_rows[:PROBE_PROMPTS], seed, target_pass_rate, probe_from,
+                           probe_every, probes, log)
         warm_started = time.perf_counter()
         losses = warm_up(model, input_ids[order], labels[order], steps, WARMUP_BATCH, WARMUP_LR, log, stop,
                          decay_steps)
@@ -397,7 +409,8 @@ def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Cal
     tenth = math.ceil(taken / 10)
     report = {
         "seed": seed, "warmup_steps": steps, "warmup_steps_taken": taken, "warmup_batch": WARMUP_BATCH,
-        "warmup_lr": WARMUP_LR, "warmup_decay_steps": decay_steps, "target_pass_rate": target_pass_rate, "probes": probes,
+        "warmup_lr": WARMUP_LR, "warmup_decay_steps": decay_steps, "target_pass_rate": target_pass_rate,
+        "probes": probes,
         "parameters": sum(p.numel() for p in model.parameters()),
         "final_loss": sum(losses[-20:]) / len(losses[-20:]),
         "loss_by_tenth": [round(sum(losses[i : i + tenth]) / len(losses[i : i + tenth]), 4)
