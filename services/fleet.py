@@ -87,7 +87,8 @@ class RolloutClient:
         self.requests.put([RolloutRequest(run, step, p.id, pack_tokens(p.prompt_token_ids), n, policy_version,
                                           params(p.id, first), first) for p, n, first in rollouts])
         collector = StepCollector(run, step, policy_version,
-                                  {(p.id, first + j) for p, n, first in rollouts for j in range(n)})
+                                  {(p.id, first + j) for p, n, first in rollouts for j in range(n)},
+                                  resolve=self.results.join)
         deadline = time.monotonic() + r.step_timeout_s
         next_check = time.monotonic() + WAIT_CHECK_S
         while not collector.complete:

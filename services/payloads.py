@@ -2,9 +2,12 @@
 
 Three streams carry one record type each (DESIGN.md section 2):
 
-    coordinator --RolloutRequest--> rollout workers --RolloutResult--> verifiers --RewardRecord--> coordinator
+    coordinator --RolloutRequest--> rollout workers --RolloutResult--> verifiers --RewardNote--> coordinator
 
-A request asks for the n samples of one prompt; each result and reward is one sample. Every record has an
+A request asks for the n samples of one prompt; each result and reward is one sample. The reward stream
+carries a `RewardNote`: the verdict and the id of the results-stream entry holding the sample, ~100 bytes
+instead of a second copy of the ~16 KB sample; the coordinator joins the two into a `RewardRecord` (the
+result plus its reward) when it collects the step (`services.queues.StepCollector`). Every record has an
 idempotency key `(run, step, prompt_id, sample_index, policy_version)` so that at-least-once delivery can
 be turned into exactly-once collection (see `services.queues.StepCollector`).
 
@@ -21,7 +24,9 @@ Token ids are packed little-endian uint32 bytes (`pack_tokens` / `unpack_tokens`
 where the fixed part is one `struct` per record type (numbers, then the byte length of each variable
 section) and the sections (strings as UTF-8, packed token ids as they are) follow it back to back. Decoding
 costs a few microseconds per record, which matters at tens of thousands of samples per second. A group
-entry is `version | tag 0 | record count (uint32) | one uint32 length per record | the encoded records`.
+entry is `version | tag 0 | record count (uint32) | one uint32 length per record | the encoded records`;
+in a group, a later record's section equal to the first record's (the prompt tokens of a prompt's n
+samples, 1 KiB at 256 tokens) has the length SHARED (0xFFFFFFFF) and is not repeated.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from typing import NamedTuple, Sequence, Union
 
 import numpy as np
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2  # 2: a group entry may share a section with its first record (SHARED)
 TOKEN_DTYPE = np.dtype("<u4")  # vocabularies of Qwen3 / Llama (150k+) need more than 16 bits
 
 
@@ -166,7 +171,50 @@ class RewardRecord(RolloutResult):
         return cls(*_RESULT_FIELDS(result), reward, verifier_seconds, timed_out)
 
 
-Record = Union[RolloutRequest, RolloutResult, RewardRecord]
+    @classmethod
+    def from_note(cls, note: "RewardNote", result: RolloutResult) -> "RewardRecord":
+        """The record of a note joined with the result it points at; PayloadError if their keys differ."""
+        if result.key != note.key:
+            raise PayloadError(f"reward note for {note.key} points at entry {note.result_entry} position "
+                               f"{note.position}, which holds {result.key}")
+        return cls(*_RESULT_FIELDS(result), note.reward, note.verifier_seconds, note.timed_out)
+
+
+@dataclass(slots=True)
+class RewardNote:
+    """The verdict on one sample, which stays in the results stream (verifiers -> coordinator).
+
+    The coordinator joins it with the result it points at into a RewardRecord (RewardRecord.from_note)."""
+
+    run: str  # run name, copied from the result
+    step: int  # training step, copied from the result
+    prompt_id: str  # dataset row id, copied from the result
+    sample_index: int  # the sample's index, copied from the result
+    policy_version: int  # weights that generated the sample, copied from the result
+    reward: float  # 1.0 if math-verify accepts the answer, else 0.0 (also for truncation and timeouts)
+    verifier_seconds: float  # wall time math-verify spent on the sample
+    timed_out: bool  # the verifier hit its hard per-sample timeout (reward is then 0)
+    result_entry: str  # id of the rollout_results stream entry that holds the sample
+    position: int  # the sample's index among the records of that entry (0 for a single-record entry)
+
+    def __post_init__(self) -> None:
+        if self.step < 0 or self.sample_index < 0 or self.policy_version < 0 or self.position < 0:
+            raise PayloadError(f"RewardNote for prompt {self.prompt_id!r}: step ({self.step}), sample_index "
+                               f"({self.sample_index}), policy_version ({self.policy_version}) and position "
+                               f"({self.position}) must be >= 0")
+
+    @classmethod
+    def of(cls, result: RolloutResult, result_entry: str, position: int, reward: float, verifier_seconds: float,
+           timed_out: bool) -> "RewardNote":
+        return cls(result.run, result.step, result.prompt_id, result.sample_index, result.policy_version,
+                   reward, verifier_seconds, timed_out, result_entry, position)
+
+    @property
+    def key(self) -> RecordKey:
+        return RecordKey(self.run, self.step, self.prompt_id, self.sample_index, self.policy_version)
+
+
+Record = Union[RolloutRequest, RolloutResult, RewardRecord, RewardNote]
 _RESULT_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(RolloutResult)))
 
 
@@ -190,20 +238,33 @@ class _Codec:
         self.order = [(True, section_names.index(name)) if kind in "sb" else (False, numbers.index(name))
                       for name, kind in layout]
 
-    def encode_parts(self, record: Record) -> list[bytes]:
-        """The record's bytes as a list of parts, so that a group is joined (copied) only once."""
-        sections = [s.encode("utf-8") if text else s for s, text in zip(self.get_sections(record), self.is_text)]
-        return [self.fixed.pack(WIRE_VERSION, self.tag, *self.get_numbers(record), *map(len, sections)), *sections]
+    def encode_parts(self, record: Record, first: Record | None = None) -> list[bytes]:
+        """The record's bytes as a list of parts, so that a group is joined (copied) only once. Sections of
+        SHARED_MIN bytes or more that equal those of `first` (a group's first record) are left out."""
+        values = self.get_sections(record)
+        shared = [False] * len(values)
+        if first is not None:
+            shared = [len(v) >= SHARED_MIN and (v is f or v == f) for v, f in zip(values, self.get_sections(first))]
+        sections = [b"" if same else v.encode("utf-8") if text else v
+                    for v, text, same in zip(values, self.is_text, shared)]
+        lengths = [SHARED if same else len(s) for s, same in zip(sections, shared)]
+        return [self.fixed.pack(WIRE_VERSION, self.tag, *self.get_numbers(record), *lengths), *sections]
 
-    def decode(self, data: bytes | memoryview) -> Record:
+    def decode(self, data: bytes | memoryview, first: Record | None = None) -> Record:
         values = self.fixed.unpack_from(data)
         n_numbers = len(values) - 2 - len(self.sections)
         numbers, lengths = values[2:2 + n_numbers], values[2 + n_numbers:]
-        if self.fixed.size + sum(lengths) != len(data):
+        if SHARED in lengths and first is None:
+            raise PayloadError(f"{self.cls.__name__} payload shares a section but is not a later record of a group")
+        if self.fixed.size + sum(n for n in lengths if n != SHARED) != len(data):
             raise PayloadError(f"{self.cls.__name__} payload of {len(data)} bytes does not match its "
                                f"section lengths {list(lengths)}")
         sections, start = [], self.fixed.size
-        for length, text in zip(lengths, self.is_text):
+        base = self.get_sections(first) if SHARED in lengths else ()
+        for i, (length, text) in enumerate(zip(lengths, self.is_text)):
+            if length == SHARED:  # the group's first record holds it: the same (immutable) object
+                sections.append(base[i])
+                continue
             chunk = data[start:start + length]  # a copy of bytes, a view of a memoryview: bytes() copies once
             sections.append(str(chunk, "utf-8") if text else bytes(chunk))
             start += length
@@ -218,6 +279,9 @@ class _Codec:
         return self.cls(*args)
 
 
+SHARED = 0xFFFFFFFF  # the section length of a group's later record that repeats its first record's section
+SHARED_MIN = 64  # shorter sections are repeated: comparing them would cost more than it saves
+
 _RESULT_LAYOUT = [("run", "s"), ("step", "q"), ("prompt_id", "s"), ("sample_index", "q"), ("policy_version", "q"),
                   ("prompt_token_ids", "b"), ("token_ids", "b"), ("text", "s"), ("finish_reason", "s"),
                   ("generation_seconds", "d")]
@@ -229,6 +293,9 @@ _CODECS = {
     RolloutResult: _Codec(RolloutResult, 2, _RESULT_LAYOUT),
     RewardRecord: _Codec(RewardRecord, 3, _RESULT_LAYOUT + [("reward", "d"), ("verifier_seconds", "d"),
                                                              ("timed_out", "?")]),
+    RewardNote: _Codec(RewardNote, 4, [
+        ("run", "s"), ("step", "q"), ("prompt_id", "s"), ("sample_index", "q"), ("policy_version", "q"),
+        ("reward", "d"), ("verifier_seconds", "d"), ("timed_out", "?"), ("result_entry", "s"), ("position", "q")]),
 }
 _BY_TAG = {codec.tag: codec for codec in _CODECS.values()}
 
@@ -238,25 +305,26 @@ def encode(record: Record) -> bytes:
     return b"".join(_encode_parts(record))
 
 
-def _encode_parts(record: Record) -> list[bytes]:
+def _encode_parts(record: Record, first: Record | None = None) -> list[bytes]:
     codec = _CODECS.get(type(record))
     if codec is None:
         raise PayloadError(f"cannot encode {type(record).__name__}: not one of {[c.__name__ for c in _CODECS]}")
     try:
-        return codec.encode_parts(record)
+        return codec.encode_parts(record, first if type(first) is type(record) else None)
     except (struct.error, AttributeError, UnicodeEncodeError, TypeError) as exc:
         raise PayloadError(f"cannot encode {type(record).__name__} for prompt "
                            f"{getattr(record, 'prompt_id', '?')!r}: {exc}") from None
 
 
-def decode(data: bytes | memoryview) -> Record:
-    """The bytes of one record -> the record. Raises PayloadError naming what is wrong."""
+def decode(data: bytes | memoryview, first: Record | None = None) -> Record:
+    """The bytes of one record -> the record (`first`: the first record of its group, whose sections it may
+    share). Raises PayloadError naming what is wrong."""
     if len(data) < 2 or data[0] != WIRE_VERSION or data[1] not in _BY_TAG:
         raise PayloadError(f"payload starting {bytes(data[:2])!r} is not a record of wire version "
                            f"{WIRE_VERSION} (tags {sorted(_BY_TAG)})")
     codec = _BY_TAG[data[1]]
     try:
-        return codec.decode(data)
+        return codec.decode(data, first if type(first) is codec.cls else None)
     except PayloadError:
         raise
     except (struct.error, UnicodeDecodeError, TypeError, ValueError) as exc:
@@ -278,7 +346,7 @@ def encode_entry(records: Record | Sequence[Record]) -> bytes:
         return encode(records[0])
     if not records:
         raise PayloadError("an entry needs at least one record")
-    parts = [_encode_parts(record) for record in records]
+    parts = [_encode_parts(record, records[0] if i else None) for i, record in enumerate(records)]
     lengths = struct.pack(f"<{len(parts)}I", *(sum(map(len, record_parts)) for record_parts in parts))
     head = _GROUP_HEAD.pack(WIRE_VERSION, _GROUP_TAG, len(parts))
     return b"".join([head, lengths, *(part for record_parts in parts for part in record_parts)])
@@ -298,6 +366,6 @@ def decode_entry(data: bytes) -> list[Record]:
         raise PayloadError(f"record group of {len(data)} bytes does not match its {count} record lengths")
     records, view = [], memoryview(data)  # views: each record's bytes are copied once, by its decode
     for length in lengths:
-        records.append(decode(view[start:start + length]))
+        records.append(decode(view[start:start + length], records[0] if records else None))
         start += length
     return records

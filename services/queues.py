@@ -40,13 +40,14 @@ from typing import Callable, Iterable, Sequence, TypeVar, Union
 import redis
 
 from pcl.config import RedisConfig
-from services.payloads import PayloadError, Record, decode_entry, encode_entry
+from services.payloads import PayloadError, Record, RewardNote, RewardRecord, decode_entry, encode_entry
 
 log = logging.getLogger(__name__)
 
 STREAM_GROUPS = {"rollout_requests": "rollout", "rollout_results": "verifier", "rewards": "coordinator"}
 PAYLOAD_FIELD = b"d"
 PUT_CHUNK = 512  # XADDs per pipeline round trip
+FETCH_CHUNK = 64  # entries read back per pipeline round trip by fetch() (a group of 16 samples is ~250 KB)
 T = TypeVar("T")
 Entry = Union[Record, Sequence[Record]]  # what one stream entry holds: a record or a group of records
 
@@ -283,6 +284,47 @@ class WorkQueue:
         self._retry("dead-letter", write)
         self._held.discard(entry_id)
 
+    # -- reading entries back -------------------------------------------------------------------------
+
+    def fetch(self, refs: Sequence[tuple[str, int]]) -> list[Record | None]:
+        """The records at (entry id, position in the entry's group), read back from this stream (pipelined
+        XRANGEs, each entry read and decoded once); None where the entry is gone (trimmed), does not decode,
+        or has no such position. Reading does not touch any consumer group."""
+        ids = list(dict.fromkeys(entry_id for entry_id, _ in refs))
+        entries: dict[str, list[Record] | None] = {}
+        for start in range(0, len(ids), FETCH_CHUNK):
+            chunk = ids[start:start + FETCH_CHUNK]
+
+            def read() -> list:
+                pipe = self.client.pipeline(transaction=False)
+                for entry_id in chunk:
+                    pipe.xrange(self.stream, entry_id, entry_id, count=1)
+                return pipe.execute()
+
+            for entry_id, reply in zip(chunk, self._retry("XRANGE", read)):
+                try:
+                    entries[entry_id] = decode_entry(reply[0][1][PAYLOAD_FIELD]) if reply else None
+                except PayloadError as exc:
+                    log.error("%s: entry %s does not decode: %s", self.stream, entry_id, exc)
+                    entries[entry_id] = None
+        out: list[Record | None] = []
+        for entry_id, position in refs:
+            records = entries[entry_id]
+            out.append(records[position] if records is not None and 0 <= position < len(records) else None)
+        return out
+
+    def join(self, notes: Sequence[RewardNote]) -> list[RewardRecord | None]:
+        """Reward notes joined with the results they point at in this (the results) stream: one RewardRecord
+        per note, None where the result is gone or is not the note's sample."""
+        joined: list[RewardRecord | None] = []
+        for note, result in zip(notes, self.fetch([(note.result_entry, note.position) for note in notes])):
+            try:
+                joined.append(None if result is None else RewardRecord.from_note(note, result))
+            except PayloadError as exc:
+                log.error("%s: %s", self.stream, exc)
+                joined.append(None)
+        return joined
+
     # -- inspecting and trimming ----------------------------------------------------------------------
 
     def dead_letter_count(self) -> int:
@@ -387,26 +429,59 @@ class StepCollector:
     """The records of one step's batch, exactly one per (prompt id, sample index).
 
     Offered records of another run, step or policy version, of keys not expected, and repeats of a key
-    already held are dropped and counted: delivery is at-least-once, collection is exactly-once.
+    already held are dropped and counted: delivery is at-least-once, collection is exactly-once. A
+    RewardNote that is kept is joined with its result by `resolve` (the results queue's `join`), so only
+    the notes that enter the batch cost a read of their sample; the batch holds RewardRecords.
 
-        collector = StepCollector(run, step, policy_version, {(pid, j) for pid in prompt_ids for j in range(n)})
+        collector = StepCollector(run, step, policy_version, {(pid, j) for pid in prompt_ids for j in range(n)},
+                                  resolve=results.join)
         while not collector.complete:
             deliveries = rewards.take(512)
             collector.offer_all(record for d in deliveries for record in d.records)
             rewards.ack(deliveries)
     """
 
-    def __init__(self, run: str, step: int, policy_version: int, expected: Iterable[tuple[str, int]]):
+    def __init__(self, run: str, step: int, policy_version: int, expected: Iterable[tuple[str, int]],
+                 resolve: Callable[[Sequence[RewardNote]], Sequence[Record | None]] | None = None):
         self.run, self.step, self.policy_version = run, step, policy_version
         self.expected = frozenset(expected)
+        self.resolve = resolve
         self.records: dict[tuple[str, int], Record] = {}
         self.duplicates = 0  # a key already collected (redelivery, or a retried write)
         self.stale_step = 0  # a record of another step (a late straggler of a committed step)
         self.stale_version = 0  # generated with other weights than this step's policy: never trained on
         self.unexpected = 0  # another run, or a (prompt id, sample index) this step did not ask for
+        self.unresolved = 0  # a note whose result is gone from the results stream: the sample stays missing
 
     def offer(self, record: Record) -> bool:
         """Keep the record if it belongs to this batch and is new; True when kept."""
+        return self.offer_all([record]) == 1
+
+    def offer_all(self, records: Iterable[Record]) -> int:
+        """Offer each record, then join the kept notes with their results; returns how many were kept."""
+        kept, notes = 0, []
+        for record in records:
+            if self._admit(record):
+                kept += 1
+                if isinstance(record, RewardNote):
+                    notes.append(record)
+        if notes:
+            if self.resolve is None:
+                for note in notes:
+                    del self.records[(note.prompt_id, note.sample_index)]
+                raise TypeError("StepCollector was offered RewardNotes but has no resolve (pass the results "
+                                "queue's join) to read their samples")
+            for note, record in zip(notes, self.resolve(notes)):
+                key = (note.prompt_id, note.sample_index)
+                if record is None:  # the result was trimmed or lost: the sample stays missing
+                    del self.records[key]
+                    self.unresolved += 1
+                    kept -= 1
+                else:
+                    self.records[key] = record
+        return kept
+
+    def _admit(self, record: Record) -> bool:
         key = (record.prompt_id, record.sample_index)
         if record.run != self.run:
             self.unexpected += 1
@@ -423,10 +498,6 @@ class StepCollector:
             return True
         return False
 
-    def offer_all(self, records: Iterable[Record]) -> int:
-        """Offer each record; returns how many were kept."""
-        return sum(self.offer(record) for record in records)
-
     @property
     def complete(self) -> bool:
         return len(self.records) == len(self.expected)
@@ -441,4 +512,4 @@ class StepCollector:
 
     def dropped(self) -> dict[str, int]:
         return {"duplicates": self.duplicates, "stale_step": self.stale_step,
-                "stale_version": self.stale_version, "unexpected": self.unexpected}
+                "stale_version": self.stale_version, "unexpected": self.unexpected, "unresolved": self.unresolved}

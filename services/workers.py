@@ -20,7 +20,7 @@ from collections import Counter
 from typing import Any, Mapping
 
 from pcl.engines.base import SamplingParams as EngineSampling
-from services.payloads import RewardRecord, RolloutRequest, RolloutResult, pack_tokens, unpack_tokens
+from services.payloads import RewardNote, RolloutRequest, RolloutResult, pack_tokens, unpack_tokens
 from services.queues import Delivery, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -115,18 +115,20 @@ class VerifierService:
         to_score = [r for d in known for r in d.records if r.finish_reason != "length"]
         outcomes = self.pool.score_batch([(r.text, self.answers[r.prompt_id]) for r in to_score])
         verdict = {id(r): o for r, o in zip(to_score, outcomes)}
-        groups = [[self._reward(r, verdict.get(id(r))) for r in d.records] for d in known]
+        # One note per sample, pointing at the sample in the results stream: the coordinator reads it back there.
+        groups = [[self._reward(r, d.id, i, verdict.get(id(r))) for i, r in enumerate(d.records)] for d in known]
         self.results.forward(known, self.rewards, groups)
         return sum(len(g) for g in groups)
 
-    def _reward(self, result: RolloutResult, outcome) -> RewardRecord:
-        """The reward record of one result; truncated responses get 0 without a verdict (DESIGN 1.5)."""
+    def _reward(self, result: RolloutResult, entry_id: str, position: int, outcome) -> RewardNote:
+        """The reward note of one result; truncated responses get 0 without a verdict (DESIGN 1.5)."""
         self.counts["verified"] += 1
         if outcome is None:
             self.counts["truncated"] += 1
-            return RewardRecord.from_result(result, 0.0, 0.0, False)
+            return RewardNote.of(result, entry_id, position, 0.0, 0.0, False)
         self.counts["timeouts"] += int(outcome.timed_out)
-        return RewardRecord.from_result(result, float(outcome.reward), outcome.seconds, bool(outcome.timed_out))
+        return RewardNote.of(result, entry_id, position, float(outcome.reward), outcome.seconds,
+                             bool(outcome.timed_out))
 
 
 def serve_forever(service, stop: threading.Event, name: str, idle_block_ms: int = 200) -> None:

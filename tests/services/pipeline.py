@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import redis
 
-from services.payloads import RewardRecord, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
+from services.payloads import RewardNote, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
 from services.queues import STREAM_GROUPS, StepCollector, WorkQueue, stream_key
 
 
@@ -28,8 +28,14 @@ def generate(request: RolloutRequest, new_tokens: int = 8) -> list[RolloutResult
                           "stop", 0.001) for j in range(request.n)]
 
 
-def verify(result: RolloutResult) -> RewardRecord:
-    return RewardRecord.from_result(result, float(result.sample_index % 2 == 0), 0.0001, False)
+def verify(result: RolloutResult, entry_id: str, position: int) -> RewardNote:
+    """The reward note of the result at `position` of results-stream entry `entry_id`."""
+    return RewardNote.of(result, entry_id, position, float(result.sample_index % 2 == 0), 0.0001, False)
+
+
+def verify_entry(delivery) -> list[RewardNote]:
+    """The reward notes of every result of one results-stream delivery."""
+    return [verify(r, delivery.id, i) for i, r in enumerate(delivery.records)]
 
 
 @dataclass
@@ -58,7 +64,7 @@ class Streams:
         """A verifier's turn: reward taken result groups, forward one reward group each with the ack."""
         deliveries = self.results.take(batch, block_ms=block_ms)
         if deliveries:
-            self.results.forward(deliveries, self.rewards, [[verify(r) for r in d.records] for d in deliveries])
+            self.results.forward(deliveries, self.rewards, [verify_entry(d) for d in deliveries])
         return len(deliveries)
 
     def collect(self, collector: StepCollector, batch: int = 128) -> int:
@@ -78,7 +84,8 @@ def run_step(streams: Streams, run: str, step: int, m: int, n: int, workers: boo
     """One step: put m requests, pump the pipeline (or only collect, when other threads or processes are
     the workers) until the batch is complete, commit. Raises TimeoutError if it never completes."""
     requests = make_requests(run, step, m, n)
-    collector = StepCollector(run, step, step, {(r.prompt_id, j) for r in requests for j in range(n)})
+    collector = StepCollector(run, step, step, {(r.prompt_id, j) for r in requests for j in range(n)},
+                              resolve=streams.results.join)
     streams.requests.put(requests)
     deadline = time.monotonic() + timeout_s
     while not collector.complete:

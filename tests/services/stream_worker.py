@@ -14,7 +14,7 @@ import time
 
 from services.queues import STREAM_GROUPS, WorkQueue, stream_key
 from services.redis_server import make_client
-from tests.services.pipeline import verify
+from tests.services.pipeline import verify_entry
 
 
 def main() -> None:
@@ -32,8 +32,8 @@ def main() -> None:
     while len(held) < args.take:
         held += results.take(args.take - len(held))
     forwarded, unacked = held[:args.forward], held[args.forward:args.forward + args.write_unacked]
-    results.forward(forwarded, rewards, [[verify(r) for r in d.records] for d in forwarded])
-    rewards.put([[verify(r) for r in d.records] for d in unacked])
+    results.forward(forwarded, rewards, [verify_entry(d) for d in forwarded])
+    rewards.put([verify_entry(d) for d in unacked])
     print(f"HOLDING {len(held) - len(forwarded)}", flush=True)
     time.sleep(600)
     sys.exit(1)

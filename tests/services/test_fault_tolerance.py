@@ -15,7 +15,7 @@ import pytest
 
 from services.queues import StepCollector
 from services.redis_server import make_client, start_embedded
-from tests.services.pipeline import Streams, make_requests, run_step, verify
+from tests.services.pipeline import Streams, make_requests, run_step, verify_entry
 
 pytestmark = pytest.mark.redis
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -41,16 +41,18 @@ def test_entries_of_a_sigkilled_consumer_are_reclaimed_and_the_batch_is_exactly_
         os.kill(victim.pid, signal.SIGKILL)  # mid-batch: 4 groups held, 1 of them already written downstream
         victim.wait(timeout=10)
 
-    collector = StepCollector(run, 1, 1, {(r.prompt_id, j) for r in requests for j in range(n)})
+    collector = StepCollector(run, 1, 1, {(r.prompt_id, j) for r in requests for j in range(n)},
+                              resolve=rescuer.results.join)
     reclaimed, deadline = 0, time.monotonic() + 30
     while not collector.complete and time.monotonic() < deadline:
         deliveries = rescuer.results.take(64)
         reclaimed += sum(d.deliveries > 1 for d in deliveries)
-        rescuer.results.forward(deliveries, rescuer.rewards, [[verify(r) for r in d.records] for d in deliveries])
+        rescuer.results.forward(deliveries, rescuer.rewards, [verify_entry(d) for d in deliveries])
         rescuer.collect(collector)
     assert collector.complete and reclaimed == 4
     assert sorted(collector.records) == sorted((r.prompt_id, j) for r in requests for j in range(n))
-    assert collector.dropped() == {"duplicates": n, "stale_step": 0, "stale_version": 0, "unexpected": 0}
+    assert collector.dropped() == {"duplicates": n, "stale_step": 0, "stale_version": 0, "unexpected": 0,
+                                  "unresolved": 0}
     assert rescuer.results.depth() == 0 and rescuer.rewards.depth() == 0
 
 
@@ -90,7 +92,8 @@ def test_redis_sigkilled_and_restarted_mid_step_loses_nothing_acknowledged(embed
     try:
         for step in range(steps):
             requests = make_requests(run, step, m, n)
-            collector = StepCollector(run, step, step, {(r.prompt_id, j) for r in requests for j in range(n)})
+            collector = StepCollector(run, step, step, {(r.prompt_id, j) for r in requests for j in range(n)},
+                                      resolve=coordinator.results.join)
             coordinator.requests.put(requests)
             deadline = time.monotonic() + 60
             while not collector.complete and time.monotonic() < deadline and not errors:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from services.payloads import (
-    PayloadError, RecordKey, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, decode, decode_entry,
+    PayloadError, RecordKey, RewardNote, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, decode, decode_entry,
     encode, encode_entry, pack_tokens, unpack_tokens,
 )
 
@@ -62,6 +62,21 @@ def test_result_and_reward_round_trip():
     assert type(back) is RewardRecord and back == reward
     assert back.key == result.key == RecordKey("tiny", 3, "row-17", 2, 3)
     assert unpack_tokens(back.token_ids).tolist() == [5, 6, 7]
+
+
+def test_reward_note_round_trips_and_joins_only_its_own_result():
+    result = make_result(tokens=range(2048), text="x" * 7000)
+    note = RewardNote.of(result, "1732000000000-7", 5, reward=1.0, verifier_seconds=0.02, timed_out=False)
+    data = encode(note)
+    assert decode(data) == note and note.key == result.key
+    assert len(data) < 100 < len(encode(result)) // 100  # the note is a hundredth of the sample it stands for
+    joined = RewardRecord.from_note(note, result)
+    assert joined == RewardRecord.from_result(result, 1.0, 0.02, False)
+    other = make_result(sample_index=3)
+    with pytest.raises(PayloadError, match="points at entry 1732000000000-7 position 5"):
+        RewardRecord.from_note(note, other)
+    with pytest.raises(PayloadError, match="position"):
+        RewardNote.of(result, "1-0", -1, 0.0, 0.0, False)
 
 
 def test_token_ids_travel_as_packed_bytes_not_json():
@@ -122,9 +137,31 @@ def test_group_entries_round_trip_and_single_records_stay_plain():
     assert encode_entry(results[0]) == encode(results[0]) == encode_entry([results[0]])
     data = encode_entry(results)
     assert decode_entry(data) == results and decode_entry(encode(results[1])) == [results[1]]
-    # version 1, tag 0, count 3, three uint32 lengths, then the three encoded records back to back.
-    assert data[:6] == b"\x01\x00\x03\x00\x00\x00"
-    assert len(data) == 6 + 3 * 4 + sum(len(encode(r)) for r in results)
+    # version 2, tag 0, count 3, three uint32 lengths, then the three encoded records back to back.
+    assert data[:6] == b"\x02\x00\x03\x00\x00\x00"
+    assert len(data) == 6 + 3 * 4 + sum(len(encode(r)) for r in results)  # short sections are not shared
+
+
+def test_a_group_carries_a_long_section_its_records_share_once():
+    prompt = pack_tokens(range(256))
+    results = [make_result(sample_index=j, prompt_token_ids=prompt, tokens=[j] * 100) for j in range(16)]
+    results[5] = make_result(sample_index=5, prompt_token_ids=pack_tokens(range(1, 257)), tokens=[5] * 100)
+    data = encode_entry(results)
+    back = decode_entry(data)
+    assert back == results
+    assert back[3].prompt_token_ids is back[0].prompt_token_ids  # one object, not sixteen copies
+    # The prompt (1 KiB) travels twice: with the first record and with the one record whose prompt differs.
+    assert len(data) == 6 + 16 * 4 + sum(len(encode(r)) for r in results) - 14 * len(prompt)
+    shared = data[6 + 16 * 4 + len(encode(results[0])):][:len(encode(results[1])) - len(prompt)]
+    with pytest.raises(PayloadError, match="shares a section but is not a later record of a group"):
+        decode(shared)
+
+
+def test_a_group_entry_of_the_previous_wire_version_is_refused_by_name():
+    data = bytearray(encode_entry([make_result(), make_result(sample_index=3)]))
+    data[0] = 1
+    with pytest.raises(PayloadError, match="wire version 2"):
+        decode_entry(bytes(data))
 
 
 def test_bad_group_entries_are_rejected():
@@ -134,4 +171,4 @@ def test_bad_group_entries_are_rejected():
     with pytest.raises(PayloadError, match="record group"):
         decode_entry(data[:-2])
     with pytest.raises(PayloadError, match="corrupt record group"):
-        decode_entry(b"\x01\x00\x05\x00\x00\x00\x01")
+        decode_entry(b"\x02\x00\x05\x00\x00\x00\x01")

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from services.payloads import RewardRecord, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
+from services.payloads import RewardNote, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
 from services.queues import QueueUnavailable, StepCollector, WorkQueue, open_queue, stream_key
 from services.redis_server import start_embedded
 
@@ -207,7 +207,8 @@ def test_step_collector_keeps_one_record_per_key_and_counts_drops():
     assert not collector.complete and collector.missing == {("a", 1), ("b", 0)}
     assert collector.offer(offered[-1]) and collector.offer(reward("a", 1, step=5, version=5))
     assert collector.complete and collector.missing == set()
-    assert collector.dropped() == {"duplicates": 1, "stale_step": 1, "stale_version": 1, "unexpected": 2}
+    assert collector.dropped() == {"duplicates": 1, "stale_step": 1, "stale_version": 1, "unexpected": 2,
+                                   "unresolved": 0}
     assert [(r.prompt_id, r.sample_index) for r in collector.batch()] == [("a", 0), ("a", 1), ("b", 0)]
 
 
@@ -240,3 +241,64 @@ def test_open_queue_takes_its_settings_from_the_config(redis_client, key_prefix)
                        RedisConfig(visibility_timeout_s=2.5, max_deliveries=5, block_ms=75), max_in_flight=7)
     assert (queue.stream, queue.group) == (f"pcl:{key_prefix}:rewards", "coordinator")
     assert (queue.visibility_ms, queue.max_deliveries, queue.block_ms, queue.max_in_flight) == (2500, 5, 75, 7)
+
+
+def result(prompt_id: str, sample: int, step: int = 1, version: int = 1) -> RolloutResult:
+    return RolloutResult("tiny", step, prompt_id, sample, version, pack_tokens([1]), pack_tokens([2, sample]),
+                         f"answer {sample}", "stop", 0.1)
+
+
+@pytest.mark.redis
+def test_fetch_reads_records_back_by_entry_and_position(make_queue):
+    results = make_queue(stream="results", block_ms=20)
+    group_id, single_id = results.put([[result("a", 0), result("a", 1)], result("b", 0)])
+    got = results.fetch([(group_id, 1), (single_id, 0), (group_id, 0), (group_id, 2), ("1-1", 0)])
+    assert got[:3] == [result("a", 1), result("b", 0), result("a", 0)]
+    assert got[3:] == [None, None]  # no such position; no such entry
+    results.trim_committed()
+    assert results.fetch([(group_id, 0)]) == [None]
+
+
+@pytest.mark.redis
+def test_collector_joins_kept_notes_with_their_results_and_reads_nothing_for_dropped_ones(make_queue):
+    results = make_queue(stream="results", block_ms=20)
+    group_id, late_id = results.put([[result("a", 0), result("a", 1)], result("b", 0, step=0, version=0)])
+    fetched = []
+
+    def resolve(notes):
+        fetched.extend(notes)
+        return results.join(notes)
+
+    collector = StepCollector("tiny", 1, 1, {("a", 0), ("a", 1)}, resolve=resolve)
+    note_a0 = RewardNote.of(result("a", 0), group_id, 0, 1.0, 0.01, False)
+    note_a1 = RewardNote.of(result("a", 1), group_id, 1, 0.0, 0.02, True)
+    stale = RewardNote.of(result("b", 0, step=0, version=0), late_id, 0, 1.0, 0.0, False)
+    assert collector.offer_all([note_a0, note_a0, stale, note_a1]) == 2
+    assert fetched == [note_a0, note_a1]  # the duplicate and the stale note cost no read
+    assert collector.complete and collector.batch() == [RewardRecord.from_result(result("a", 0), 1.0, 0.01, False),
+                                                        RewardRecord.from_result(result("a", 1), 0.0, 0.02, True)]
+    assert collector.dropped()["duplicates"] == 1 and collector.dropped()["stale_step"] == 1
+
+
+@pytest.mark.redis
+def test_a_note_whose_result_is_gone_leaves_the_sample_missing_until_a_good_one_comes(make_queue):
+    results = make_queue(stream="results", block_ms=20)
+    first = results.put([result("a", 0)])[0]
+    results.trim_committed()
+    second = results.put([result("a", 0)])[0]
+    wrong = RewardNote.of(result("a", 0), second, 0, 1.0, 0.0, False)
+    wrong.sample_index = 1  # points at sample 0 while claiming to be sample 1
+    collector = StepCollector("tiny", 1, 1, {("a", 0), ("a", 1)}, resolve=results.join)
+    gone = RewardNote.of(result("a", 0), first, 0, 1.0, 0.0, False)
+    assert collector.offer_all([gone, wrong]) == 0
+    assert collector.missing == {("a", 0), ("a", 1)} and collector.dropped()["unresolved"] == 2
+    assert collector.offer(RewardNote.of(result("a", 0), second, 0, 1.0, 0.0, False))
+    assert collector.missing == {("a", 1)}
+
+
+def test_a_collector_without_resolve_refuses_notes_and_keeps_nothing_of_them():
+    collector = StepCollector("tiny", 1, 1, {("a", 0), ("a", 1)})
+    note = RewardNote.of(result("a", 0), "1-0", 0, 1.0, 0.0, False)
+    with pytest.raises(TypeError, match="no resolve"):
+        collector.offer_all([reward("a", 1), note])
+    assert collector.missing == {("a", 0)}

@@ -70,7 +70,7 @@ def test_verifier_scores_and_zeroes_truncated(redis_client, key_prefix):
     with RewardPool(processes=1, timeout_s=5.0) as pool:
         service = VerifierService(pool, {"a": "12", "b": "0.5"}, results, rewards)
         assert service.serve_once(block_ms=100) == 4
-    collector = StepCollector(key_prefix, 4, 2, {("a", 0), ("a", 1), ("b", 0), ("b", 1)})
+    collector = StepCollector(key_prefix, 4, 2, {("a", 0), ("a", 1), ("b", 0), ("b", 1)}, resolve=results.join)
     reader = WorkQueue(redis_client, rewards.stream, "coordinator", "c", block_ms=50)
     collector.offer_all(r for d in reader.take(100) for r in d.records)
     assert collector.complete
@@ -132,7 +132,7 @@ def test_hostile_outputs_through_the_verifier_are_reward_0_timed_out_and_counted
         served = 0
         while served < 4:
             served += service.serve_once(block_ms=100)
-    collector = StepCollector(key_prefix, 1, 1, {(pid, 0) for pid in [*hostile, "good"]})
+    collector = StepCollector(key_prefix, 1, 1, {(pid, 0) for pid in [*hostile, "good"]}, resolve=results.join)
     reader = WorkQueue(redis_client, rewards.stream, "coordinator", "c", block_ms=50)
     while not collector.complete:
         collector.offer_all(r for d in reader.take(100) for r in d.records)
