@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 
 from services.payloads import (  # noqa: E402
-    RewardRecord, RolloutRequest, RolloutResult, SamplingParams, decode, encode, encode_entry, pack_tokens,
+    RewardNote, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, decode, encode, encode_entry,
+    pack_tokens,
 )
 from services.queues import STREAM_GROUPS, StepCollector, WorkQueue, stream_key  # noqa: E402
 from services.redis_server import connect, make_client, masked, start_embedded  # noqa: E402
@@ -40,6 +41,7 @@ PROMPT_TOKENS, RESPONSE_TOKENS, TEXT_CHARS = 256, 2048, 7000
 # Default generation time per step at m=512, n=16: 8,192 samples x ~2,048 tokens = 16.8 M tokens; at an
 # assumed ~190k generated tokens/s (vLLM, a 4B policy on one node of 8 H100s) that is ~90 s.
 DEFAULT_GENERATION_S = 90.0
+PROMPT = pack_tokens(np.arange(PROMPT_TOKENS) + 1000)  # one prompt for every request: 1 KiB packed
 
 
 def queue(client, run: str, name: str, consumer: str, **options) -> WorkQueue:
@@ -69,22 +71,25 @@ def rollout_worker(url: str, run: str, name: str, signals: Worker, max_in_flight
     requests = queue(client, run, "rollout_requests", name, max_in_flight=max_in_flight, block_ms=50)
     results = queue(client, run, "rollout_results", name)
     rng = np.random.default_rng(sum(map(ord, name)))
-    response = pack_tokens(rng.integers(0, 151_000, RESPONSE_TOKENS))
-    text = ("Let x be the number of apples; then 3x + 4 = 19, so x = 5. " * 200)[:TEXT_CHARS]
+    # The n samples of a prompt differ (tokens and text), as they do from a real policy: only the prompt's
+    # tokens repeat within a group entry, so the encoding shares nothing else.
+    responses = [pack_tokens(rng.integers(0, 151_000, RESPONSE_TOKENS)) for _ in range(64)]
+    texts = [sample_text(j) for j in range(64)]
 
     def turn() -> None:
         deliveries = requests.take()
         if deliveries:
-            groups = [[RolloutResult(r.run, r.step, r.prompt_id, j, r.policy_version, r.prompt_token_ids, response,
-                                     text, "stop", 0.0) for j in range(r.n)] for r in (d.record for d in deliveries)]
+            groups = [[RolloutResult(r.run, r.step, r.prompt_id, j, r.policy_version, r.prompt_token_ids,
+                                     responses[j % 64], texts[j % 64], "stop", 0.0) for j in range(r.n)]
+                      for r in (d.record for d in deliveries)]
             requests.forward(deliveries, results, groups)
 
     signals.loop(turn)
 
 
 def verifier_worker(url: str, run: str, name: str, signals: Worker, max_in_flight: int) -> None:
-    """Reward every result (1.0 for even sample indices); one reward entry per result group, forwarded
-    with the ack."""
+    """Reward every result (1.0 for even sample indices); one entry of reward notes per result group,
+    forwarded with the ack."""
     client = make_client(url)
     results = queue(client, run, "rollout_results", name, max_in_flight=max_in_flight, block_ms=50)
     rewards = queue(client, run, "rewards", name)
@@ -92,8 +97,8 @@ def verifier_worker(url: str, run: str, name: str, signals: Worker, max_in_fligh
     def turn() -> None:
         deliveries = results.take()
         if deliveries:
-            groups = [[RewardRecord.from_result(r, float(r.sample_index % 2 == 0), 0.0, False) for r in d.records]
-                      for d in deliveries]
+            groups = [[RewardNote.of(r, d.id, i, float(r.sample_index % 2 == 0), 0.0, False)
+                       for i, r in enumerate(d.records)] for d in deliveries]
             results.forward(deliveries, rewards, groups)
 
     signals.loop(turn)
@@ -101,10 +106,10 @@ def verifier_worker(url: str, run: str, name: str, signals: Worker, max_in_fligh
 
 def run_step(coordinator: dict[str, WorkQueue], run: str, step: int, m: int, n: int) -> StepCollector:
     """Put m requests, collect the m*n rewards exactly once, commit (trim all three streams)."""
-    prompt = pack_tokens(np.arange(PROMPT_TOKENS) + 1000)
-    requests = [RolloutRequest(run, step, f"row-{step}-{i}", prompt, n, step, SamplingParams(max_new_tokens=4096))
+    requests = [RolloutRequest(run, step, f"row-{step}-{i}", PROMPT, n, step, SamplingParams(max_new_tokens=4096))
                 for i in range(m)]
-    collector = StepCollector(run, step, step, {(f"row-{step}-{i}", j) for i in range(m) for j in range(n)})
+    collector = StepCollector(run, step, step, {(f"row-{step}-{i}", j) for i in range(m) for j in range(n)},
+                              resolve=coordinator["rollout_results"].join)
     coordinator["rollout_requests"].put(requests)
     deadline = time.monotonic() + 300
     while not collector.complete:
@@ -156,32 +161,54 @@ def bench_consumers(url: str, consumers: int, steps: int, m: int, n: int) -> tup
 
 
 def transport_floor(url: str, samples: int = 8192, group: int = 16) -> float:
-    """CPU microseconds per sample (this process + Redis) to move the same bytes with bare redis-py over the
-    two heavy hops (results, rewards): pre-encoded group entries XADDed, XREADGROUPed and XACKed, with no
-    record built, encoded or decoded. The limit the queue layer is compared with."""
+    """CPU microseconds per sample (this process + Redis) to move the same bytes with bare redis-py along the
+    same path: pre-encoded result groups XADDed, XREADGROUPed and XACKed; note groups XADDed, XREADGROUPed
+    and XACKed; the result groups read back by id (XRANGE). No record is built, encoded or decoded. The
+    limit the queue layer is compared with."""
     client = make_client(url)
-    entry = encode_entry([sample_reward(j) for j in range(group)])
-    stream = f"benchfloor{os.getpid()}"
-    client.xgroup_create(stream, "g", id="0", mkstream=True)
+    results = [sample_result(j) for j in range(group)]
+    notes = [RewardNote.of(r, "1-1", j, 1.0, 0.0, False) for j, r in enumerate(results)]
+    payloads = {"results": encode_entry(results), "notes": encode_entry(notes)}
+    streams = {name: f"benchfloor{os.getpid()}:{name}" for name in payloads}
+    for stream in streams.values():
+        client.xgroup_create(stream, "g", id="0", mkstream=True)
     cpu_start, redis_start = time.process_time(), redis_cpu_seconds(client)
-    for _ in range(2):  # results, then rewards
+    result_ids = []
+    for name in ("results", "notes"):
+        stream = streams[name]
         for _ in range(samples // group // 16):
             pipe = client.pipeline(transaction=True)
             for _ in range(16):
-                pipe.xadd(stream, {b"d": entry})
-            pipe.execute()
+                pipe.xadd(stream, {b"d": payloads[name]})
+            ids = pipe.execute()
+            if name == "results":
+                result_ids += ids
         while reply := client.xreadgroup("g", "c", {stream: ">"}, count=16):
             client.xack(stream, "g", *[entry_id for entry_id, _ in reply[0][1]])
-        client.xtrim(stream, maxlen=0, approximate=False)
+    for start in range(0, len(result_ids), 64):
+        pipe = client.pipeline(transaction=False)
+        for entry_id in result_ids[start:start + 64]:
+            pipe.xrange(streams["results"], entry_id, entry_id, count=1)
+        pipe.execute()
     cpu = time.process_time() - cpu_start + redis_cpu_seconds(client) - redis_start
-    client.delete(stream)
+    client.delete(*streams.values())
     return cpu / samples * 1e6
 
 
+def sample_text(sample_index: int) -> str:
+    """~7 KB of response text, different for every sample index."""
+    return (f"Sample {sample_index}. " + "Let x be the number of apples; then 3x + 4 = 19, so x = 5. " * 200)[:TEXT_CHARS]
+
+
+def sample_result(sample_index: int = 3) -> RolloutResult:
+    """A realistic result; samples of different indices share the prompt only."""
+    response = pack_tokens((np.arange(RESPONSE_TOKENS) * 73 + sample_index * 7919) % 151_000)
+    return RolloutResult("bench", 1, "row-1", sample_index, 1, PROMPT, response, sample_text(sample_index),
+                         "stop", 1.0)
+
+
 def sample_reward(sample_index: int = 3) -> RewardRecord:
-    result = RolloutResult("bench", 1, "row-1", sample_index, 1, pack_tokens(range(PROMPT_TOKENS)),
-                           pack_tokens(np.arange(RESPONSE_TOKENS) * 73 % 151_000), "x" * TEXT_CHARS, "stop", 1.0)
-    return RewardRecord.from_result(result, 1.0, 0.01, False)
+    return RewardRecord.from_result(sample_result(sample_index), 1.0, 0.01, False)
 
 
 def codec_micro(repeats: int = 5000) -> tuple[float, float, int]:
@@ -220,8 +247,12 @@ def main() -> None:
     aof = make_client(url).config_get("appendonly").get("appendonly")
     print(f"Redis {info['redis_version']} ({where}, appendonly={aof}) at {masked(url)}; {os.cpu_count()} CPU cores")
     encode_us, decode_us, size = codec_micro()
+    note = len(encode(RewardNote.of(sample_result(), "1732000000000-0", 3, 1.0, 0.01, False)))
     print(f"RewardRecord: {size:,} bytes ({RESPONSE_TOKENS} response tokens packed = {4 * RESPONSE_TOKENS:,} B); "
-          f"encode {encode_us:.1f} us, decode {decode_us:.1f} us")
+          f"encode {encode_us:.1f} us, decode {decode_us:.1f} us; the RewardNote on the reward stream: {note} bytes")
+    group = [sample_result(j) for j in range(16)]
+    print(f"a result entry of 16 samples: {len(encode_entry(group)):,} bytes (16 single records: "
+          f"{sum(len(encode(r)) for r in group):,}; only the prompt's tokens are written once)")
     floor_us = transport_floor(url)
     print(f"transport floor (bare redis-py, same bytes, groups of 16): {floor_us:.0f} CPU us/sample, "
           f"{2e6 / floor_us:,.0f} samples/s on two idle cores")
