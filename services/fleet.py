@@ -5,8 +5,9 @@
     fleet.stop()
 
 `RolloutClient.generate` is how the coordinator turns prompts into verified samples: it puts one
-`RolloutRequest` per prompt on the request stream and collects exactly one `RewardRecord` per
-(prompt, sample index) from the reward stream, then trims the streams (the step is committed).
+`RolloutRequest` per prompt on the request stream, collects exactly one `RewardNote` per (prompt, sample
+index) from the reward stream and joins each with the result it points at (read back from the results
+stream) into a `RewardRecord`, then trims the streams (the step is committed).
 """
 
 from __future__ import annotations
