@@ -59,13 +59,14 @@ def sigkill(class_name: str, index: int = 0) -> int:
     return pids[index]
 
 
-def wait_until(predicate, timeout_s: float, what: str, thread: TrainingThread | None = None) -> None:
+def wait_until(predicate, timeout_s: float, what: str, thread: TrainingThread | None = None,
+               interval_s: float = 0.2) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if thread is not None and not thread.is_alive():
             raise AssertionError(f"the run ended ({thread.result!r}) before {what}")
         assert time.monotonic() < deadline, f"timed out after {timeout_s}s waiting for {what}"
-        time.sleep(0.2)
+        time.sleep(interval_s)
 
 
 def steps_logged(run_dir: Path) -> list[int]:

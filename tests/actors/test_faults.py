@@ -13,7 +13,6 @@ exactly once. What each failure does (docs/operations.md):
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -56,10 +55,11 @@ def finish(thread: TrainingThread, timeout_s: float = 600) -> dict:
 
 
 def mid_step_3(thread: TrainingThread) -> None:
-    """After the checkpoint at step 2 is complete, while step 3 is under way (a step takes over a second:
-    rollout.max_in_flight=1 has the worker generate one prompt at a time)."""
-    wait_until(lambda: checkpoint_written(thread.run_dir, 2), 300, "the checkpoint at step 2", thread)
-    time.sleep(0.2)
+    """Returns within milliseconds of the checkpoint at step 2 becoming complete, so that step 3 is under way
+    (its selection or generation: rollout.max_in_flight=1 has the worker generate one prompt at a time, a few
+    tenths of a second in all on a fast machine) when the caller strikes."""
+    wait_until(lambda: checkpoint_written(thread.run_dir, 2), 300, "the checkpoint at step 2", thread,
+               interval_s=0.005)
     assert steps_logged(thread.run_dir) == [1, 2]
 
 
