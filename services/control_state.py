@@ -123,15 +123,17 @@ class ControlStore:
     def request_pause(self) -> dict:
         """Ask the coordinator to pause at the next step boundary (the step in flight completes)."""
         self._check_not_final("pause")
-        if not self._flip_paused("0", "1"):
+        event = self._flip_paused("0", "1", "pause_requested")
+        if event is None:
             raise ControlConflict("the run is already paused (or pausing at the next step boundary)")
-        return self.add_event("pause_requested", "api", last_step=self.published().get("step"))
+        return event
 
     def request_resume(self) -> dict:
         self._check_not_final("resume")
-        if not self._flip_paused("1", "0"):
+        event = self._flip_paused("1", "0", "resume_requested")
+        if event is None:
             raise ControlConflict("the run is not paused")
-        return self.add_event("resume_requested", "api", last_step=self.published().get("step"))
+        return event
 
     def request_params(self, tau: float | None = None, k: int | None = None) -> dict:
         """Ask for a new tau and/or k from the next step on."""
@@ -150,8 +152,12 @@ class ControlStore:
             raise ControlValueError(
                 f"k={k} exceeds k_max={k_max}: k*m candidates must not exceed the training set"
             )
-        self.client.hset(self.control_key, mapping={key: str(value) for key, value in changes.items()})
-        return self.add_event("params_requested", "api", last_step=published.get("step"), **changes)
+        event, fields = self._event("params_requested", "api", None, dict(last_step=published.get("step"), **changes))
+        pipe = self.client.pipeline(transaction=True)  # the request is logged before anyone can apply it
+        pipe.hset(self.control_key, mapping={key: str(value) for key, value in changes.items()})
+        self._append(pipe, fields)
+        event["id"] = pipe.execute()[-1]
+        return event
 
     def request_checkpoint(self) -> dict:
         """Record a checkpoint request; the coordinator sees it at the next step boundary."""
@@ -165,17 +171,23 @@ class ControlStore:
         )
         return request
 
-    def _flip_paused(self, old: str, new: str) -> bool:
-        """Set paused from old to new atomically; False when it was not old."""
-
-        def flip(pipe: redis.client.Pipeline) -> bool:
-            if (pipe.hget(self.control_key, "paused") or "0") != old:
-                return False
-            pipe.multi()
-            pipe.hset(self.control_key, "paused", new)
-            return True
-
-        return self.client.transaction(flip, self.control_key, value_from_callable=True)
+    def _flip_paused(self, old: str, new: str, kind: str) -> dict | None:
+        """Set paused from old to new and log event `kind`, in one transaction: the coordinator never sees the
+        new value before the event that asked for it is in the log. None (nothing written) when it was not old."""
+        event, fields = self._event(kind, "api", None, {"last_step": self.published().get("step")})
+        with self.client.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(self.control_key)
+                    if (pipe.hget(self.control_key, "paused") or "0") != old:
+                        return None
+                    pipe.multi()
+                    pipe.hset(self.control_key, "paused", new)
+                    self._append(pipe, fields)
+                    event["id"] = pipe.execute()[-1]
+                    return event
+                except redis.WatchError:  # changed between the read and the write: read again
+                    continue
 
     def _check_not_final(self, what: str) -> None:
         state = self.published().get("state")
@@ -186,12 +198,22 @@ class ControlStore:
 
     def add_event(self, kind: str, source: str, step: int | None = None, **data: Any) -> dict:
         """Append an event; `step` is the step a change took effect at (coordinator events)."""
+        event, fields = self._event(kind, source, step, data)
+        event["id"] = self._append(self.client, fields)
+        return event
+
+    @staticmethod
+    def _event(kind: str, source: str, step: int | None, data: dict) -> tuple[dict, dict]:
+        """An event as returned to callers, and as the fields of its log entry."""
         event = {"type": kind, "source": source, "time": time.time(), "step": step, "data": data}
         fields = {"type": kind, "source": source, "time": repr(event["time"]), "data": json.dumps(data)}
         if step is not None:
             fields["step"] = str(step)
-        event["id"] = self.client.xadd(self.events_key, fields, maxlen=EVENTS_MAXLEN, approximate=True)
-        return event
+        return event, fields
+
+    def _append(self, client: redis.Redis | redis.client.Pipeline, fields: dict):
+        """XADD an event's fields to the log (the entry id, or the pipeline to execute)."""
+        return client.xadd(self.events_key, fields, maxlen=EVENTS_MAXLEN, approximate=True)
 
     def events(self, after: str | None = None, limit: int = 200) -> list[dict]:
         """Events after the id `after` (oldest first), or the newest `limit` when after is None."""

@@ -46,6 +46,39 @@ def wait_for(predicate, timeout_s: float = 10.0):
     raise AssertionError("condition not met in time")
 
 
+def test_a_pause_or_resume_is_in_the_event_log_before_anyone_can_see_it(store, redis_url):
+    """A second client, polling like the coordinator does, never sees `paused` changed without the event that
+    asked for the change already in the log (the flip and its event are one transaction)."""
+    control_key, events_key = store.control_key, store.events_key
+    watcher = make_client(redis_url, decode_responses=True)
+    readings, mismatched, stop = 0, [], threading.Event()
+
+    def watch() -> None:
+        nonlocal readings
+        while not stop.is_set():
+            pipe = watcher.pipeline(transaction=True)  # both read at one instant
+            pipe.hget(control_key, "paused")
+            pipe.xrevrange(events_key, count=1)
+            paused, newest = pipe.execute()
+            kind = newest[0][1]["type"] if newest else None
+            if kind != {"1": "pause_requested"}.get(paused or "0", "resume_requested" if newest else None):
+                mismatched.append((paused, kind))
+            readings += 1
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):
+            store.request_pause()
+            store.request_resume()
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        watcher.close()
+    assert readings > 50 and not mismatched, (readings, mismatched[:3])
+    assert [e["type"] for e in store.events(limit=400)] == ["pause_requested", "resume_requested"] * 200
+
+
 def test_pause_blocks_at_the_boundary_until_resume_and_records_the_step(store, control):
     strategy = PCLStrategy(m=8, n=4, tau=0.5, k=4)
     control.publish(step_record(3), policy_version=3)
