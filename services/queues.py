@@ -40,6 +40,7 @@ from typing import Callable, Iterable, Sequence, TypeVar, Union
 import redis
 
 from pcl.config import RedisConfig
+from services.heap import keep_freed_heap
 from services.payloads import PayloadError, Record, RewardNote, RewardRecord, decode_entry, encode_entry
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ class WorkQueue:
         if socket_timeout is not None and block_ms / 1000 >= socket_timeout:
             raise ValueError(f"WorkQueue {stream!r}: block_ms ({block_ms}) must be below the client's "
                              f"socket_timeout ({socket_timeout} s)")
+        keep_freed_heap()  # entries of hundreds of KB: reuse freed heap rather than fault in fresh pages
         self.client, self.stream, self.group, self.consumer = client, stream, group, consumer
         self.visibility_ms = int(visibility_timeout_s * 1000)
         self.max_deliveries, self.block_ms, self.max_in_flight = max_deliveries, block_ms, max_in_flight
