@@ -17,8 +17,9 @@ import json
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
+import msgspec
 import ray
 
 from pcl.batch import Sample
@@ -82,7 +83,7 @@ class RolloutClient:
         seeded = self.cfg.rollout.deterministic
 
         def params(prompt_id: str, first: int) -> SamplingParams:
-            return replace(sampling, seed=request_seed(self.cfg.run.seed, run, step, prompt_id, first)) if seeded \
+            return msgspec.structs.replace(sampling, seed=request_seed(self.cfg.run.seed, run, step, prompt_id, first)) if seeded \
                 else sampling
 
         self.requests.put([RolloutRequest(run, step, p.id, pack_tokens(p.prompt_token_ids), n, policy_version,

@@ -5,7 +5,7 @@ Three streams carry one record type each (DESIGN.md section 2):
     coordinator --RolloutRequest--> rollout workers --RolloutResult--> verifiers --RewardNote--> coordinator
 
 A request asks for the n samples of one prompt; each result and reward is one sample. The reward stream
-carries a `RewardNote`: the verdict and the id of the results-stream entry holding the sample, ~100 bytes
+carries a `RewardNote`: the verdict and the id of the results-stream entry holding the sample, ~60 bytes
 instead of a second copy of the ~16 KB sample; the coordinator joins the two into a `RewardRecord` (the
 result plus its reward) when it collects the step (`services.queues.StepCollector`). Every record has an
 idempotency key `(run, step, prompt_id, sample_index, policy_version)` so that at-least-once delivery can
@@ -17,29 +17,30 @@ be turned into exactly-once collection (see `services.queues.StepCollector`).
     records = decode_entry(entry)
 
 Token ids are packed little-endian uint32 bytes (`pack_tokens` / `unpack_tokens`), never JSON lists: a
-2,048-token sample is 8 KiB on the wire and decodes with one `numpy.frombuffer`. The wire format is
+2,048-token sample is 8 KiB on the wire and decodes with one `numpy.frombuffer`.
 
-    version (uint8) | record tag (uint8) | numbers (int64 / float64 / bool, LE) | section lengths (uint32 LE) | sections
-
-where the fixed part is one `struct` per record type (numbers, then the byte length of each variable
-section) and the sections (strings as UTF-8, packed token ids as they are) follow it back to back. Decoding
-costs a few microseconds per record, which matters at tens of thousands of samples per second. A group
-entry is `version | tag 0 | record count (uint32) | one uint32 length per record | the encoded records`;
-in a group, a later record's section equal to the first record's (the prompt tokens of a prompt's n
-samples, 1 KiB at 256 tokens) has the length SHARED (0xFFFFFFFF) and is not repeated.
+Wire format (version 3): every entry is one MessagePack array `[version, tag, layout, body]`, so any
+MessagePack reader can open it. Its first four bytes are fixed (0x94, then three small integers) and are
+checked by hand; the body is decoded by msgspec straight into the record type named by the tag, each record
+a MessagePack array of its fields in declaration order (strings as UTF-8, packed token ids as raw `bin`).
+Layouts: 0, the body is one record; 1, a group of records of one type (typically a prompt's n samples),
+which divides the per-entry cost of Redis and its client by the group size; 2, a group whose records all
+carry the same prompt (64 bytes or more), sent once: the body is `[prompt_token_ids, records]` with the
+records' own prompt left empty, and every decoded record gets that one (immutable) bytes object back. The
+records are msgspec Structs (C-level construction, no garbage-collector tracking: their fields are scalars,
+strings and bytes, which cannot form cycles), so a 16 KB sample encodes in about 1 us and decodes in about
+3 us; this codec is most of the Python cost of the stream layer (docs/queues.md).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import operator
-import struct
-from dataclasses import dataclass
 from typing import NamedTuple, Sequence, Union
 
+import msgspec
 import numpy as np
 
-WIRE_VERSION = 2  # 2: a group entry may share a section with its first record (SHARED)
+WIRE_VERSION = 3  # 3: MessagePack [version, tag, layout, body]; 2 was a hand-packed struct layout
 TOKEN_DTYPE = np.dtype("<u4")  # vocabularies of Qwen3 / Llama (150k+) need more than 16 bits
 
 
@@ -76,13 +77,24 @@ def unpack_tokens(packed: bytes) -> np.ndarray:
 
 
 def _check_packed(name: str, packed: bytes) -> None:
-    if not isinstance(packed, (bytes, bytearray)) or len(packed) % TOKEN_DTYPE.itemsize:
+    if not isinstance(packed, bytes) or len(packed) % TOKEN_DTYPE.itemsize:
         raise PayloadError(f"{name} must be packed uint32 bytes (see pack_tokens), got {type(packed).__name__} "
                            f"of length {len(packed) if hasattr(packed, '__len__') else '?'}")
 
 
-@dataclass(slots=True)
-class SamplingParams:
+def _check_text(record: object, names: tuple[str, ...]) -> None:
+    """Text fields must be str: caught when the record is built, not when a consumer fails to decode it."""
+    for name in names:
+        if not isinstance(getattr(record, name), str):
+            raise PayloadError(f"{type(record).__name__}.{name} must be str, got {type(getattr(record, name)).__name__}")
+
+
+class _Wire(msgspec.Struct, array_like=True, gc=False):
+    """Base of the records: encoded as MessagePack arrays of their fields; never tracked by the garbage
+    collector (every field is a number, a string, bytes or another such record: no cycles are possible)."""
+
+
+class SamplingParams(_Wire):
     """How a rollout worker samples; the same for the n samples of one request."""
 
     temperature: float = 1.0  # softmax temperature; 0 means greedy
@@ -95,14 +107,8 @@ class SamplingParams:
         if self.seed is not None and self.seed < 0:
             raise PayloadError(f"sampling seed must be >= 0 or None, got {self.seed}")
 
-    @property
-    def wire_seed(self) -> int:
-        """The seed as the wire carries it: -1 stands for None."""
-        return -1 if self.seed is None else self.seed
 
-
-@dataclass(slots=True)
-class RolloutRequest:
+class RolloutRequest(_Wire):
     """Generate n samples of one prompt with one exact policy version (coordinator -> rollout workers)."""
 
     run: str  # run name; records of another run are never collected
@@ -119,6 +125,9 @@ class RolloutRequest:
 
     def __post_init__(self) -> None:
         _check_packed("prompt_token_ids", self.prompt_token_ids)
+        _check_text(self, ("run", "prompt_id"))
+        if not isinstance(self.sampling, SamplingParams):
+            raise PayloadError(f"RolloutRequest.sampling must be SamplingParams, got {type(self.sampling).__name__}")
         if self.step < 0 or self.n < 1 or self.policy_version < 0 or self.first_index < 0:
             raise PayloadError(f"RolloutRequest for prompt {self.prompt_id!r}: step ({self.step}), "
                                f"policy_version ({self.policy_version}) and first_index ({self.first_index}) "
@@ -129,8 +138,7 @@ class RolloutRequest:
         return RecordKey(self.run, self.step, self.prompt_id, -1, self.policy_version)
 
 
-@dataclass(slots=True)
-class RolloutResult:
+class RolloutResult(_Wire):
     """One generated sample of a request (rollout worker -> verifiers)."""
 
     run: str  # run name, copied from the request
@@ -147,6 +155,7 @@ class RolloutResult:
     def __post_init__(self) -> None:
         _check_packed("prompt_token_ids", self.prompt_token_ids)
         _check_packed("token_ids", self.token_ids)
+        _check_text(self, ("run", "prompt_id", "text", "finish_reason"))
         if self.step < 0 or self.sample_index < 0 or self.policy_version < 0:
             raise PayloadError(f"{type(self).__name__} for prompt {self.prompt_id!r}: step ({self.step}), "
                                f"sample_index ({self.sample_index}) and policy_version "
@@ -157,7 +166,6 @@ class RolloutResult:
         return RecordKey(self.run, self.step, self.prompt_id, self.sample_index, self.policy_version)
 
 
-@dataclass(slots=True)
 class RewardRecord(RolloutResult):
     """A verified sample: the result and its reward (verifiers -> coordinator)."""
 
@@ -170,18 +178,17 @@ class RewardRecord(RolloutResult):
                     timed_out: bool) -> "RewardRecord":
         return cls(*_RESULT_FIELDS(result), reward, verifier_seconds, timed_out)
 
-
     @classmethod
     def from_note(cls, note: "RewardNote", result: RolloutResult) -> "RewardRecord":
         """The record of a note joined with the result it points at; PayloadError if their keys differ."""
-        if result.key != note.key:
+        if (result.sample_index != note.sample_index or result.prompt_id != note.prompt_id or result.step != note.step
+                or result.policy_version != note.policy_version or result.run != note.run):
             raise PayloadError(f"reward note for {note.key} points at entry {note.result_entry} position "
                                f"{note.position}, which holds {result.key}")
         return cls(*_RESULT_FIELDS(result), note.reward, note.verifier_seconds, note.timed_out)
 
 
-@dataclass(slots=True)
-class RewardNote:
+class RewardNote(_Wire):
     """The verdict on one sample, which stays in the results stream (verifiers -> coordinator).
 
     The coordinator joins it with the result it points at into a RewardRecord (RewardRecord.from_note)."""
@@ -198,6 +205,7 @@ class RewardNote:
     position: int  # the sample's index among the records of that entry (0 for a single-record entry)
 
     def __post_init__(self) -> None:
+        _check_text(self, ("run", "prompt_id", "result_entry"))
         if self.step < 0 or self.sample_index < 0 or self.policy_version < 0 or self.position < 0:
             raise PayloadError(f"RewardNote for prompt {self.prompt_id!r}: step ({self.step}), sample_index "
                                f"({self.sample_index}), policy_version ({self.policy_version}) and position "
@@ -215,157 +223,104 @@ class RewardNote:
 
 
 Record = Union[RolloutRequest, RolloutResult, RewardRecord, RewardNote]
-_RESULT_FIELDS = operator.attrgetter(*(f.name for f in dataclasses.fields(RolloutResult)))
+_RESULT_FIELDS = operator.attrgetter(*RolloutResult.__struct_fields__)
+
+_TAGS = {RolloutRequest: 1, RolloutResult: 2, RewardRecord: 3, RewardNote: 4}
+_BY_TAG = {tag: cls for cls, tag in _TAGS.items()}
+SINGLE, GROUP, GROUP_SHARED_PROMPT = 0, 1, 2  # the entry's layout (module docstring)
+SHARED_MIN = 64  # a shorter common prompt is repeated: sending it once would save less than it costs
+_HEADER = 4  # bytes: fixarray of 4 (0x94), version, tag, layout, each a positive fixint
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODERS = {(tag, SINGLE): msgspec.msgpack.Decoder(cls) for cls, tag in _TAGS.items()}
+_DECODERS.update({(tag, GROUP): msgspec.msgpack.Decoder(list[cls]) for cls, tag in _TAGS.items()})
+_DECODERS.update({(tag, GROUP_SHARED_PROMPT): msgspec.msgpack.Decoder(tuple[bytes, list[cls]])
+                  for cls, tag in _TAGS.items() if "prompt_token_ids" in cls.__struct_fields__})
 
 
-class _Codec:
-    """The wire layout of one record type: a fixed struct of numbers and section lengths, then sections.
-
-    `layout` lists (attribute path, kind) in constructor order; kinds are struct codes for numbers
-    ("q" int64, "d" float64, "?" bool) and "s" (UTF-8 text) or "b" (raw bytes) for variable sections.
-    """
-
-    def __init__(self, cls: type, tag: int, layout: list[tuple[str, str]]) -> None:
-        self.cls, self.tag = cls, tag
-        numbers = [name for name, kind in layout if kind in "qd?"]
-        self.sections = [(name, kind) for name, kind in layout if kind in "sb"]
-        self.fixed = struct.Struct("<BB" + "".join(k for _, k in layout if k in "qd?") + "I" * len(self.sections))
-        self.get_numbers = operator.attrgetter(*numbers)
-        self.get_sections = operator.attrgetter(*(name for name, _ in self.sections))
-        self.is_text = [kind == "s" for _, kind in self.sections]
-        section_names = [name for name, _ in self.sections]
-        # For each constructor argument: (True, its section index) or (False, its number index).
-        self.order = [(True, section_names.index(name)) if kind in "sb" else (False, numbers.index(name))
-                      for name, kind in layout]
-
-    def encode_parts(self, record: Record, first: Record | None = None) -> list[bytes]:
-        """The record's bytes as a list of parts, so that a group is joined (copied) only once. Sections of
-        SHARED_MIN bytes or more that equal those of `first` (a group's first record) are left out."""
-        values = self.get_sections(record)
-        shared = [False] * len(values)
-        if first is not None:
-            shared = [len(v) >= SHARED_MIN and (v is f or v == f) for v, f in zip(values, self.get_sections(first))]
-        sections = [b"" if same else v.encode("utf-8") if text else v
-                    for v, text, same in zip(values, self.is_text, shared)]
-        lengths = [SHARED if same else len(s) for s, same in zip(sections, shared)]
-        return [self.fixed.pack(WIRE_VERSION, self.tag, *self.get_numbers(record), *lengths), *sections]
-
-    def decode(self, data: bytes | memoryview, first: Record | None = None) -> Record:
-        values = self.fixed.unpack_from(data)
-        n_numbers = len(values) - 2 - len(self.sections)
-        numbers, lengths = values[2:2 + n_numbers], values[2 + n_numbers:]
-        if SHARED in lengths and first is None:
-            raise PayloadError(f"{self.cls.__name__} payload shares a section but is not a later record of a group")
-        if self.fixed.size + sum(n for n in lengths if n != SHARED) != len(data):
-            raise PayloadError(f"{self.cls.__name__} payload of {len(data)} bytes does not match its "
-                               f"section lengths {list(lengths)}")
-        sections, start = [], self.fixed.size
-        base = self.get_sections(first) if SHARED in lengths else ()
-        for i, (length, text) in enumerate(zip(lengths, self.is_text)):
-            if length == SHARED:  # the group's first record holds it: the same (immutable) object
-                sections.append(base[i])
-                continue
-            chunk = data[start:start + length]  # a copy of bytes, a view of a memoryview: bytes() copies once
-            sections.append(str(chunk, "utf-8") if text else bytes(chunk))
-            start += length
-        args = [sections[i] if is_section else numbers[i] for is_section, i in self.order]
-        return self.build(args)
-
-    def build(self, args: list) -> Record:
-        if self.cls is RolloutRequest:  # five sampling parameters, then first_index
-            *head, temperature, top_p, top_k, max_new_tokens, seed, first_index = args
-            sampling = SamplingParams(temperature, top_p, top_k, max_new_tokens, None if seed < 0 else seed)
-            return RolloutRequest(*head, sampling, first_index)
-        return self.cls(*args)
+def _tag(record: Record) -> int:
+    tag = _TAGS.get(type(record))
+    if tag is None:
+        raise PayloadError(f"cannot encode {type(record).__name__}: not one of {[c.__name__ for c in _TAGS]}")
+    return tag
 
 
-SHARED = 0xFFFFFFFF  # the section length of a group's later record that repeats its first record's section
-SHARED_MIN = 64  # shorter sections are repeated: comparing them would cost more than it saves
-
-_RESULT_LAYOUT = [("run", "s"), ("step", "q"), ("prompt_id", "s"), ("sample_index", "q"), ("policy_version", "q"),
-                  ("prompt_token_ids", "b"), ("token_ids", "b"), ("text", "s"), ("finish_reason", "s"),
-                  ("generation_seconds", "d")]
-_CODECS = {
-    RolloutRequest: _Codec(RolloutRequest, 1, [
-        ("run", "s"), ("step", "q"), ("prompt_id", "s"), ("prompt_token_ids", "b"), ("n", "q"),
-        ("policy_version", "q"), ("sampling.temperature", "d"), ("sampling.top_p", "d"), ("sampling.top_k", "q"),
-        ("sampling.max_new_tokens", "q"), ("sampling.wire_seed", "q"), ("first_index", "q")]),
-    RolloutResult: _Codec(RolloutResult, 2, _RESULT_LAYOUT),
-    RewardRecord: _Codec(RewardRecord, 3, _RESULT_LAYOUT + [("reward", "d"), ("verifier_seconds", "d"),
-                                                             ("timed_out", "?")]),
-    RewardNote: _Codec(RewardNote, 4, [
-        ("run", "s"), ("step", "q"), ("prompt_id", "s"), ("sample_index", "q"), ("policy_version", "q"),
-        ("reward", "d"), ("verifier_seconds", "d"), ("timed_out", "?"), ("result_entry", "s"), ("position", "q")]),
-}
-_BY_TAG = {codec.tag: codec for codec in _CODECS.values()}
+def _encode(tag: int, layout: int, body: object, what: str) -> bytes:
+    try:
+        return _ENCODER.encode((WIRE_VERSION, tag, layout, body))
+    except (msgspec.EncodeError, TypeError, OverflowError, UnicodeEncodeError) as exc:
+        raise PayloadError(f"cannot encode {what}: {exc}") from None
 
 
 def encode(record: Record) -> bytes:
-    """One record -> its bytes (see the module docstring for the layout)."""
-    return b"".join(_encode_parts(record))
-
-
-def _encode_parts(record: Record, first: Record | None = None) -> list[bytes]:
-    codec = _CODECS.get(type(record))
-    if codec is None:
-        raise PayloadError(f"cannot encode {type(record).__name__}: not one of {[c.__name__ for c in _CODECS]}")
-    try:
-        return codec.encode_parts(record, first if type(first) is type(record) else None)
-    except (struct.error, AttributeError, UnicodeEncodeError, TypeError) as exc:
-        raise PayloadError(f"cannot encode {type(record).__name__} for prompt "
-                           f"{getattr(record, 'prompt_id', '?')!r}: {exc}") from None
-
-
-def decode(data: bytes | memoryview, first: Record | None = None) -> Record:
-    """The bytes of one record -> the record (`first`: the first record of its group, whose sections it may
-    share). Raises PayloadError naming what is wrong."""
-    if len(data) < 2 or data[0] != WIRE_VERSION or data[1] not in _BY_TAG:
-        raise PayloadError(f"payload starting {bytes(data[:2])!r} is not a record of wire version "
-                           f"{WIRE_VERSION} (tags {sorted(_BY_TAG)})")
-    codec = _BY_TAG[data[1]]
-    try:
-        return codec.decode(data, first if type(first) is codec.cls else None)
-    except PayloadError:
-        raise
-    except (struct.error, UnicodeDecodeError, TypeError, ValueError) as exc:
-        raise PayloadError(f"corrupt {codec.cls.__name__} payload: {exc}") from None
-
-
-_GROUP_TAG = 0  # an entry carrying several records, e.g. the n samples of one prompt
-_GROUP_HEAD = struct.Struct("<BBI")  # version, tag 0, record count; then one uint32 length per record
+    """One record -> the bytes of a single-record entry (see the module docstring for the layout)."""
+    return _encode(_tag(record), SINGLE, record, f"{type(record).__name__} for prompt "
+                                                 f"{getattr(record, 'prompt_id', '?')!r}")
 
 
 def encode_entry(records: Record | Sequence[Record]) -> bytes:
-    """One stream entry holding one record, or several (a group, such as one prompt's n samples).
+    """One stream entry holding one record, or several of one type (a group, such as one prompt's n samples).
 
     Grouping amortises the per-entry cost of Redis and its client over the group: a stream entry of 16
-    samples costs about a fifth of 16 entries of one sample each."""
+    samples costs about a fifth of 16 entries of one sample each. A prompt all the records carry is sent once."""
     if not isinstance(records, (list, tuple)):
         return encode(records)
-    if len(records) == 1:
-        return encode(records[0])
     if not records:
         raise PayloadError("an entry needs at least one record")
-    parts = [_encode_parts(record, records[0] if i else None) for i, record in enumerate(records)]
-    lengths = struct.pack(f"<{len(parts)}I", *(sum(map(len, record_parts)) for record_parts in parts))
-    head = _GROUP_HEAD.pack(WIRE_VERSION, _GROUP_TAG, len(parts))
-    return b"".join([head, lengths, *(part for record_parts in parts for part in record_parts)])
+    if len(records) == 1:
+        return encode(records[0])
+    cls = type(records[0])
+    tag = _tag(records[0])
+    if any(type(record) is not cls for record in records):
+        raise PayloadError(f"a group entry holds records of one type; got "
+                           f"{sorted({type(record).__name__ for record in records})}")
+    what = f"group of {len(records)} {cls.__name__}s for prompt {getattr(records[0], 'prompt_id', '?')!r}"
+    prompt = getattr(records[0], "prompt_token_ids", b"")
+    if len(prompt) >= SHARED_MIN and all(r.prompt_token_ids is prompt or r.prompt_token_ids == prompt
+                                          for r in records):
+        blank = [msgspec.structs.replace(record, prompt_token_ids=b"") for record in records]
+        return _encode(tag, GROUP_SHARED_PROMPT, (prompt, blank), what)
+    return _encode(tag, GROUP, records, what)
 
 
-def decode_entry(data: bytes) -> list[Record]:
-    """The records of one stream entry written by encode_entry (a single record gives a list of one)."""
-    if len(data) < 2 or data[0] != WIRE_VERSION or data[1] != _GROUP_TAG:
-        return [decode(data)]
+def _header(data: bytes | memoryview) -> tuple[int, int]:
+    """(tag, layout) of an entry; PayloadError unless it starts like a record of this wire version."""
+    if len(data) < _HEADER or data[0] != 0x94 or data[1] != WIRE_VERSION or (data[2], data[3]) not in _DECODERS:
+        raise PayloadError(f"payload starting {bytes(data[:4])!r} is not a record of wire version {WIRE_VERSION} "
+                           f"(a MessagePack array [{WIRE_VERSION}, tag in {sorted(_BY_TAG)}, layout, body])")
+    return data[2], data[3]
+
+
+def _decode_body(data: bytes | memoryview, tag: int, layout: int):
     try:
-        _, _, count = _GROUP_HEAD.unpack_from(data)
-        lengths = struct.unpack_from(f"<{count}I", data, _GROUP_HEAD.size)
-    except struct.error as exc:
-        raise PayloadError(f"corrupt record group: {exc}") from None
-    start = _GROUP_HEAD.size + 4 * count
-    if start + sum(lengths) != len(data):
-        raise PayloadError(f"record group of {len(data)} bytes does not match its {count} record lengths")
-    records, view = [], memoryview(data)  # views: each record's bytes are copied once, by its decode
-    for length in lengths:
-        records.append(decode(view[start:start + length], records[0] if records else None))
-        start += length
+        return _DECODERS[tag, layout].decode(memoryview(data)[_HEADER:])
+    except PayloadError:  # a field out of range (the record's own check)
+        raise
+    except (msgspec.DecodeError, UnicodeDecodeError, ValueError, TypeError) as exc:
+        kind = _BY_TAG[tag].__name__ if layout == SINGLE else f"record group of {_BY_TAG[tag].__name__}s"
+        raise PayloadError(f"corrupt {kind} payload: {exc}") from None
+
+
+def decode(data: bytes | memoryview) -> Record:
+    """The bytes of a single-record entry -> the record. Raises PayloadError naming what is wrong."""
+    tag, layout = _header(data)
+    if layout != SINGLE:
+        raise PayloadError(f"payload holds a group of {_BY_TAG[tag].__name__}s; read it with decode_entry")
+    return _decode_body(data, tag, layout)
+
+
+def decode_entry(data: bytes | memoryview) -> list[Record]:
+    """The records of one stream entry written by encode_entry (a single record gives a list of one)."""
+    tag, layout = _header(data)
+    body = _decode_body(data, tag, layout)
+    if layout == SINGLE:
+        return [body]
+    if layout == GROUP:
+        return body
+    prompt, records = body
+    if len(prompt) % TOKEN_DTYPE.itemsize:
+        raise PayloadError(f"record group's shared prompt has {len(prompt)} bytes, not packed uint32")
+    for record in records:
+        if record.prompt_token_ids:
+            raise PayloadError("record group shares a prompt but one of its records carries its own")
+        record.prompt_token_ids = prompt  # one object for the group, not n copies
     return records

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -84,8 +86,19 @@ def test_token_ids_travel_as_packed_bytes_not_json():
     result = make_result(tokens=tokens, text="x" * 100)
     data = encode(result)
     assert pack_tokens(tokens) in data  # verbatim, 4 bytes per token
-    # 2 prefix bytes + 4 numbers of 8 bytes + 6 section lengths of 4 bytes, then the sections themselves.
-    assert len(data) == 2 + 4 * 8 + 6 * 4 + len("tiny") + len("row-17") + 4 * 4 + 4 * 2048 + 100 + len("stop")
+    # MessagePack [3, tag 2, layout 0, record]: 4 header bytes, then the record as an array of its 10 fields:
+    # a marker byte, strings and bins with their 1 to 3 length bytes, small integers in 1 byte, a float in 9.
+    assert data[:5] == b"\x94\x03\x02\x00\x9a"
+    assert len(data) == 4 + 1 + (1 + 4) + 1 + (1 + 6) + 1 + 1 + (2 + 16) + (3 + 4 * 2048) + (2 + 100) + (1 + 4) + 9
+
+
+def test_records_are_not_tracked_by_the_garbage_collector():
+    # A step's batch holds tens of thousands of records; none can be part of a cycle, so none is ever scanned.
+    result = make_result()
+    note = RewardNote.of(result, "1-0", 0, 1.0, 0.0, False)
+    for record in (result, note, RewardRecord.from_note(note, result), decode(encode(result)),
+                   RolloutRequest("tiny", 0, "p", b"", 1, 0, SamplingParams())):
+        assert not gc.is_tracked(record)
 
 
 @settings(max_examples=60, deadline=None)
@@ -100,8 +113,11 @@ def test_reward_round_trip_property(tokens, text, prompt_id, reward, step, timed
 
 @pytest.mark.parametrize("data, message", [
     (b"", "not a record"),
-    (b"\x09\x02rest", "not a record"),  # unknown wire version
-    (b"\x01\x07rest", "not a record"),  # unknown tag
+    (b"\x94\x09\x02\x00rest", "not a record of wire version 3"),  # unknown wire version
+    (b"\x94\x03\x07\x00rest", "not a record"),  # unknown tag
+    (b"\x94\x03\x02\x05rest", "not a record"),  # unknown layout
+    (b"\x94\x03\x04\x02rest", "not a record"),  # notes carry no prompt to share
+    (b"\x02\x02rest-of-a-version-2-record", "not a record of wire version 3"),
 ])
 def test_decode_rejects_foreign_bytes(data, message):
     with pytest.raises(PayloadError, match=message):
@@ -122,6 +138,14 @@ def test_decode_rejects_truncated_and_corrupt_payloads():
 def test_invalid_fields_are_named():
     with pytest.raises(PayloadError, match="token_ids must be packed"):
         make_result(token_ids=[1, 2, 3])
+    with pytest.raises(PayloadError, match="token_ids must be packed"):
+        make_result(token_ids=bytearray(8))
+    with pytest.raises(PayloadError, match="RolloutResult.text must be str, got NoneType"):
+        make_result(text=None)
+    with pytest.raises(PayloadError, match="RewardNote.result_entry must be str"):
+        RewardNote.of(make_result(), b"1-0", 0, 1.0, 0.0, False)
+    with pytest.raises(PayloadError, match="sampling must be SamplingParams"):
+        RolloutRequest("tiny", 0, "p", b"", 1, 0, {"temperature": 1.0})
     with pytest.raises(PayloadError, match="sample_index"):
         make_result(sample_index=-1)
     with pytest.raises(PayloadError, match="n \\(0\\)"):
@@ -137,38 +161,50 @@ def test_group_entries_round_trip_and_single_records_stay_plain():
     assert encode_entry(results[0]) == encode(results[0]) == encode_entry([results[0]])
     data = encode_entry(results)
     assert decode_entry(data) == results and decode_entry(encode(results[1])) == [results[1]]
-    # version 2, tag 0, count 3, three uint32 lengths, then the three encoded records back to back.
-    assert data[:6] == b"\x02\x00\x03\x00\x00\x00"
-    assert len(data) == 6 + 3 * 4 + sum(len(encode(r)) for r in results)  # short sections are not shared
+    # [3, tag 2 (results), layout 1 (a group), [three records]]; their 16-byte prompt is short: sent with each.
+    assert data[:5] == b"\x94\x03\x02\x01\x93" and data.count(results[0].prompt_token_ids) == 3
+    with pytest.raises(PayloadError, match="group of RolloutResults; read it with decode_entry"):
+        decode(data)
 
 
-def test_a_group_carries_a_long_section_its_records_share_once():
-    prompt = pack_tokens(range(256))
+def test_a_group_whose_records_carry_one_prompt_sends_it_once():
+    prompt = pack_tokens(range(256))  # 1 KiB
     results = [make_result(sample_index=j, prompt_token_ids=prompt, tokens=[j] * 100) for j in range(16)]
-    results[5] = make_result(sample_index=5, prompt_token_ids=pack_tokens(range(1, 257)), tokens=[5] * 100)
     data = encode_entry(results)
+    assert data[:4] == b"\x94\x03\x02\x02" and data.count(prompt) == 1
     back = decode_entry(data)
     assert back == results
-    assert back[3].prompt_token_ids is back[0].prompt_token_ids  # one object, not sixteen copies
-    # The prompt (1 KiB) travels twice: with the first record and with the one record whose prompt differs.
-    assert len(data) == 6 + 16 * 4 + sum(len(encode(r)) for r in results) - 14 * len(prompt)
-    shared = data[6 + 16 * 4 + len(encode(results[0])):][:len(encode(results[1])) - len(prompt)]
-    with pytest.raises(PayloadError, match="shares a section but is not a later record of a group"):
-        decode(shared)
+    assert all(record.prompt_token_ids is back[0].prompt_token_ids for record in back)  # one object, not 16
+    assert results[3].prompt_token_ids is prompt  # encoding left the caller's records as they were
+    # One record with another prompt: every record carries its own.
+    results[5] = make_result(sample_index=5, prompt_token_ids=pack_tokens(range(1, 257)), tokens=[5] * 100)
+    data = encode_entry(results)
+    assert data[:4] == b"\x94\x03\x02\x01" and data.count(prompt) == 15 and decode_entry(data) == results
+    rewards = [RewardRecord.from_result(r, 1.0, 0.0, False) for r in results[:5]]
+    assert decode_entry(encode_entry(rewards)) == rewards and encode_entry(rewards).count(prompt) == 1
 
 
-def test_a_group_entry_of_the_previous_wire_version_is_refused_by_name():
+def test_an_entry_of_another_wire_version_is_refused_by_name():
     data = bytearray(encode_entry([make_result(), make_result(sample_index=3)]))
-    data[0] = 1
-    with pytest.raises(PayloadError, match="wire version 2"):
+    data[1] = 2
+    with pytest.raises(PayloadError, match="wire version 3"):
         decode_entry(bytes(data))
+    version_2_group = b"\x02\x00\x02\x00\x00\x00" + bytes(8)  # version 2: version, tag 0, uint32 count, lengths
+    with pytest.raises(PayloadError, match="wire version 3"):
+        decode_entry(version_2_group)
 
 
 def test_bad_group_entries_are_rejected():
     with pytest.raises(PayloadError, match="at least one record"):
         encode_entry([])
+    with pytest.raises(PayloadError, match="records of one type; got \\['RewardRecord', 'RolloutResult'\\]"):
+        encode_entry([make_result(), RewardRecord.from_result(make_result(), 1.0, 0.0, False)])
     data = encode_entry([make_result(), make_result(sample_index=3)])
-    with pytest.raises(PayloadError, match="record group"):
+    with pytest.raises(PayloadError, match="corrupt record group of RolloutResults"):
         decode_entry(data[:-2])
-    with pytest.raises(PayloadError, match="corrupt record group"):
-        decode_entry(b"\x02\x00\x05\x00\x00\x00\x01")
+    with pytest.raises(PayloadError, match="corrupt record group of RolloutResults"):
+        decode_entry(data[:4] + b"\x92\x01\x02")  # a group of two integers
+    prompt = pack_tokens(range(64))
+    shared = encode_entry([make_result(prompt_token_ids=prompt), make_result(sample_index=3, prompt_token_ids=prompt)])
+    with pytest.raises(PayloadError, match="carries its own"):  # a record of a shared-prompt group with a prompt
+        decode_entry(shared.replace(b"\xc4\x00", b"\xc4\x04\x01\x00\x00\x00", 1))
