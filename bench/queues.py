@@ -34,6 +34,7 @@ from services.payloads import (  # noqa: E402
     RewardNote, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, decode, encode, encode_entry,
     pack_tokens,
 )
+from services.heap import keep_freed_heap  # noqa: E402
 from services.queues import STREAM_GROUPS, StepCollector, WorkQueue, stream_key  # noqa: E402
 from services.redis_server import connect, make_client, masked, start_embedded  # noqa: E402
 
@@ -235,6 +236,9 @@ def main() -> None:
     parser.add_argument("--generation-s", type=float, default=DEFAULT_GENERATION_S,
                         help="generation time per step at m=512, n=16 the plumbing is compared with")
     args = parser.parse_args()
+    # Every WorkQueue applies the heap settings to its process; the floor below is measured before this
+    # process has one, so it gets them here: the layer and the floor run under the same allocator settings.
+    heap = keep_freed_heap()
 
     handle = None
     if args.url:
@@ -245,7 +249,9 @@ def main() -> None:
     info = make_client(url).info("server")
     where = "embedded" if handle else "external"
     aof = make_client(url).config_get("appendonly").get("appendonly")
-    print(f"Redis {info['redis_version']} ({where}, appendonly={aof}) at {masked(url)}; {os.cpu_count()} CPU cores")
+    heap_note = "applied" if heap else "not applied (PCL_KEEP_FREED_HEAP=0, or not glibc)"
+    print(f"Redis {info['redis_version']} ({where}, appendonly={aof}) at {masked(url)}; "
+          f"{os.cpu_count()} CPU cores; heap settings {heap_note} (services/heap.py)")
     encode_us, decode_us, size = codec_micro()
     note = len(encode(RewardNote.of(sample_result(), "1732000000000-0", 3, 1.0, 0.01, False)))
     print(f"RewardRecord: {size:,} bytes ({RESPONSE_TOKENS} response tokens packed = {4 * RESPONSE_TOKENS:,} B); "

@@ -152,7 +152,8 @@ class ControlStore:
             raise ControlValueError(
                 f"k={k} exceeds k_max={k_max}: k*m candidates must not exceed the training set"
             )
-        event, fields = self._event("params_requested", "api", None, dict(last_step=published.get("step"), **changes))
+        event, fields = self._event("params_requested", "api", None,
+                                    dict(last_step=published.get("step"), **changes))
         pipe = self.client.pipeline(transaction=True)  # the request is logged before anyone can apply it
         pipe.hset(self.control_key, mapping={key: str(value) for key, value in changes.items()})
         self._append(pipe, fields)
@@ -173,7 +174,8 @@ class ControlStore:
 
     def _flip_paused(self, old: str, new: str, kind: str) -> dict | None:
         """Set paused from old to new and log event `kind`, in one transaction: the coordinator never sees the
-        new value before the event that asked for it is in the log. None (nothing written) when it was not old."""
+        new value before the event that asked for it is in the log. None (nothing written) when it was not
+        old."""
         event, fields = self._event(kind, "api", None, {"last_step": self.published().get("step")})
         with self.client.pipeline(transaction=True) as pipe:
             while True:

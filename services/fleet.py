@@ -83,8 +83,10 @@ class RolloutClient:
         seeded = self.cfg.rollout.deterministic
 
         def params(prompt_id: str, first: int) -> SamplingParams:
-            return msgspec.structs.replace(sampling, seed=request_seed(self.cfg.run.seed, run, step, prompt_id, first)) if seeded \
-                else sampling
+            if not seeded:
+                return sampling
+            seed = request_seed(self.cfg.run.seed, run, step, prompt_id, first)
+            return msgspec.structs.replace(sampling, seed=seed)
 
         self.requests.put([RolloutRequest(run, step, p.id, pack_tokens(p.prompt_token_ids), n, policy_version,
                                           params(p.id, first), first) for p, n, first in rollouts])

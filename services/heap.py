@@ -5,7 +5,7 @@ size of each such block freed), and gives the top of the heap back to the kernel
 twice the raised threshold, is free there. A process that reads one group entry after another (16 samples
 are ~250 KB), or that holds a step's batch (~130 MB of samples at m=512, n=16) and frees it when the step
 commits, then keeps asking the kernel for fresh zeroed pages and faulting them in: on a 2-core VM that was
-a third of the stream layer's CPU per sample (docs/queues.md).
+15-20% of the stream layer's CPU per sample, and a third of the bare transport's (docs/queues.md).
 
     keep_freed_heap()   # once per process, before the first entry; WorkQueue does it for its process
 

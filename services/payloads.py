@@ -86,7 +86,8 @@ def _check_text(record: object, names: tuple[str, ...]) -> None:
     """Text fields must be str: caught when the record is built, not when a consumer fails to decode it."""
     for name in names:
         if not isinstance(getattr(record, name), str):
-            raise PayloadError(f"{type(record).__name__}.{name} must be str, got {type(getattr(record, name)).__name__}")
+            got = type(getattr(record, name)).__name__
+            raise PayloadError(f"{type(record).__name__}.{name} must be str, got {got}")
 
 
 class _Wire(msgspec.Struct, array_like=True, gc=False):
@@ -127,7 +128,8 @@ class RolloutRequest(_Wire):
         _check_packed("prompt_token_ids", self.prompt_token_ids)
         _check_text(self, ("run", "prompt_id"))
         if not isinstance(self.sampling, SamplingParams):
-            raise PayloadError(f"RolloutRequest.sampling must be SamplingParams, got {type(self.sampling).__name__}")
+            raise PayloadError(f"RolloutRequest.sampling must be SamplingParams, "
+                               f"got {type(self.sampling).__name__}")
         if self.step < 0 or self.n < 1 or self.policy_version < 0 or self.first_index < 0:
             raise PayloadError(f"RolloutRequest for prompt {self.prompt_id!r}: step ({self.step}), "
                                f"policy_version ({self.policy_version}) and first_index ({self.first_index}) "
@@ -181,8 +183,9 @@ class RewardRecord(RolloutResult):
     @classmethod
     def from_note(cls, note: "RewardNote", result: RolloutResult) -> "RewardRecord":
         """The record of a note joined with the result it points at; PayloadError if their keys differ."""
-        if (result.sample_index != note.sample_index or result.prompt_id != note.prompt_id or result.step != note.step
-                or result.policy_version != note.policy_version or result.run != note.run):
+        if (result.sample_index != note.sample_index or result.prompt_id != note.prompt_id
+                or result.step != note.step or result.policy_version != note.policy_version
+                or result.run != note.run):
             raise PayloadError(f"reward note for {note.key} points at entry {note.result_entry} position "
                                f"{note.position}, which holds {result.key}")
         return cls(*_RESULT_FIELDS(result), note.reward, note.verifier_seconds, note.timed_out)
@@ -261,7 +264,8 @@ def encode_entry(records: Record | Sequence[Record]) -> bytes:
     """One stream entry holding one record, or several of one type (a group, such as one prompt's n samples).
 
     Grouping amortises the per-entry cost of Redis and its client over the group: a stream entry of 16
-    samples costs about a fifth of 16 entries of one sample each. A prompt all the records carry is sent once."""
+    samples costs about a fifth of 16 entries of one sample each. A prompt all the records carry is sent
+    once."""
     if not isinstance(records, (list, tuple)):
         return encode(records)
     if not records:
@@ -284,9 +288,10 @@ def encode_entry(records: Record | Sequence[Record]) -> bytes:
 
 def _header(data: bytes | memoryview) -> tuple[int, int]:
     """(tag, layout) of an entry; PayloadError unless it starts like a record of this wire version."""
-    if len(data) < _HEADER or data[0] != 0x94 or data[1] != WIRE_VERSION or (data[2], data[3]) not in _DECODERS:
-        raise PayloadError(f"payload starting {bytes(data[:4])!r} is not a record of wire version {WIRE_VERSION} "
-                           f"(a MessagePack array [{WIRE_VERSION}, tag in {sorted(_BY_TAG)}, layout, body])")
+    if len(data) < _HEADER or data[0] != 0x94 or data[1] != WIRE_VERSION or tuple(data[2:4]) not in _DECODERS:
+        raise PayloadError(f"payload starting {bytes(data[:4])!r} is not a record of wire version "
+                           f"{WIRE_VERSION} (a MessagePack array [{WIRE_VERSION}, tag in {sorted(_BY_TAG)}, "
+                           f"layout, body])")
     return data[2], data[3]
 
 

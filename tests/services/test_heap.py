@@ -42,7 +42,7 @@ def probe(**env: str) -> dict:
     return json.loads(out.stdout)
 
 
-@pytest.mark.skipif(not GLIBC, reason="the settings are glibc's (mallopt); elsewhere keep_freed_heap does nothing")
+@pytest.mark.skipif(not GLIBC, reason="the settings are glibc's (mallopt); elsewhere nothing is applied")
 def test_entry_sized_blocks_come_from_the_heap_and_freed_heap_is_kept():
     tuned = probe(PCL_KEEP_FREED_HEAP="1")
     assert tuned["applied"] and tuned["again"]

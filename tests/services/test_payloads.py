@@ -89,7 +89,8 @@ def test_token_ids_travel_as_packed_bytes_not_json():
     # MessagePack [3, tag 2, layout 0, record]: 4 header bytes, then the record as an array of its 10 fields:
     # a marker byte, strings and bins with their 1 to 3 length bytes, small integers in 1 byte, a float in 9.
     assert data[:5] == b"\x94\x03\x02\x00\x9a"
-    assert len(data) == 4 + 1 + (1 + 4) + 1 + (1 + 6) + 1 + 1 + (2 + 16) + (3 + 4 * 2048) + (2 + 100) + (1 + 4) + 9
+    fields = (1 + 4) + 1 + (1 + 6) + 1 + 1 + (2 + 16) + (3 + 4 * 2048) + (2 + 100) + (1 + 4) + 9
+    assert len(data) == 4 + 1 + fields
 
 
 def test_records_are_not_tracked_by_the_garbage_collector():
@@ -161,7 +162,7 @@ def test_group_entries_round_trip_and_single_records_stay_plain():
     assert encode_entry(results[0]) == encode(results[0]) == encode_entry([results[0]])
     data = encode_entry(results)
     assert decode_entry(data) == results and decode_entry(encode(results[1])) == [results[1]]
-    # [3, tag 2 (results), layout 1 (a group), [three records]]; their 16-byte prompt is short: sent with each.
+    # [3, tag 2 (results), layout 1 (a group), [three records]]; a 16-byte prompt is short: sent with each.
     assert data[:5] == b"\x94\x03\x02\x01\x93" and data.count(results[0].prompt_token_ids) == 3
     with pytest.raises(PayloadError, match="group of RolloutResults; read it with decode_entry"):
         decode(data)
@@ -189,7 +190,7 @@ def test_an_entry_of_another_wire_version_is_refused_by_name():
     data[1] = 2
     with pytest.raises(PayloadError, match="wire version 3"):
         decode_entry(bytes(data))
-    version_2_group = b"\x02\x00\x02\x00\x00\x00" + bytes(8)  # version 2: version, tag 0, uint32 count, lengths
+    version_2_group = b"\x02\x00\x02\x00\x00\x00" + bytes(8)  # version, tag 0, uint32 count, lengths
     with pytest.raises(PayloadError, match="wire version 3"):
         decode_entry(version_2_group)
 
@@ -205,6 +206,7 @@ def test_bad_group_entries_are_rejected():
     with pytest.raises(PayloadError, match="corrupt record group of RolloutResults"):
         decode_entry(data[:4] + b"\x92\x01\x02")  # a group of two integers
     prompt = pack_tokens(range(64))
-    shared = encode_entry([make_result(prompt_token_ids=prompt), make_result(sample_index=3, prompt_token_ids=prompt)])
-    with pytest.raises(PayloadError, match="carries its own"):  # a record of a shared-prompt group with a prompt
+    shared = encode_entry([make_result(prompt_token_ids=prompt), make_result(sample_index=3,
+                                                                            prompt_token_ids=prompt)])
+    with pytest.raises(PayloadError, match="carries its own"):  # a shared-prompt group's record with a prompt
         decode_entry(shared.replace(b"\xc4\x00", b"\xc4\x04\x01\x00\x00\x00", 1))
