@@ -177,19 +177,18 @@ class ControlStore:
         new value before the event that asked for it is in the log. None (nothing written) when it was not
         old."""
         event, fields = self._event(kind, "api", None, {"last_step": self.published().get("step")})
-        with self.client.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    pipe.watch(self.control_key)
-                    if (pipe.hget(self.control_key, "paused") or "0") != old:
-                        return None
-                    pipe.multi()
-                    pipe.hset(self.control_key, "paused", new)
-                    self._append(pipe, fields)
-                    event["id"] = pipe.execute()[-1]
-                    return event
-                except redis.WatchError:  # changed between the read and the write: read again
-                    continue
+
+        def flip(pipe: redis.client.Pipeline) -> None:
+            if (pipe.hget(self.control_key, "paused") or "0") == old:
+                pipe.multi()
+                pipe.hset(self.control_key, "paused", new)
+                self._append(pipe, fields)
+
+        written = self.client.transaction(flip, self.control_key)  # retried while the key changes under it
+        if not written:
+            return None
+        event["id"] = written[-1]
+        return event
 
     def _check_not_final(self, what: str) -> None:
         state = self.published().get("state")

@@ -279,8 +279,7 @@ def encode_entry(records: Record | Sequence[Record]) -> bytes:
                            f"{sorted({type(record).__name__ for record in records})}")
     what = f"group of {len(records)} {cls.__name__}s for prompt {getattr(records[0], 'prompt_id', '?')!r}"
     prompt = getattr(records[0], "prompt_token_ids", b"")
-    if len(prompt) >= SHARED_MIN and all(r.prompt_token_ids is prompt or r.prompt_token_ids == prompt
-                                          for r in records):
+    if len(prompt) >= SHARED_MIN and all(r.prompt_token_ids == prompt for r in records):
         blank = [msgspec.structs.replace(record, prompt_token_ids=b"") for record in records]
         return _encode(tag, GROUP_SHARED_PROMPT, (prompt, blank), what)
     return _encode(tag, GROUP, records, what)
