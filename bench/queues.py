@@ -35,7 +35,8 @@ from services.payloads import (  # noqa: E402
     pack_tokens,
 )
 from services.heap import keep_freed_heap  # noqa: E402
-from services.queues import STREAM_GROUPS, StepCollector, WorkQueue, stream_key  # noqa: E402
+from services.collector import StepCollector  # noqa: E402
+from services.queues import STREAM_GROUPS, WorkQueue, stream_key  # noqa: E402
 from services.redis_server import connect, make_client, masked, start_embedded  # noqa: E402
 
 PROMPT_TOKENS, RESPONSE_TOKENS, TEXT_CHARS = 256, 2048, 7000

@@ -25,7 +25,8 @@ import ray
 from pcl.batch import Sample
 from pcl.config import Config
 from services.payloads import TOKEN_DTYPE, RolloutRequest, SamplingParams, pack_tokens, unpack_tokens
-from services.queues import StepCollector, WorkQueue, stream_key
+from services.collector import StepCollector
+from services.queues import WorkQueue, stream_key
 
 log = logging.getLogger(__name__)
 WAIT_CHECK_S = 5.0  # while a step's samples are missing, the fleet's weights are checked this often

@@ -7,9 +7,9 @@ Three streams carry one record type each (DESIGN.md section 2):
 A request asks for the n samples of one prompt; each result and reward is one sample. The reward stream
 carries a `RewardNote`: the verdict and the id of the results-stream entry holding the sample, ~60 bytes
 instead of a second copy of the ~16 KB sample; the coordinator joins the two into a `RewardRecord` (the
-result plus its reward) when it collects the step (`services.queues.StepCollector`). Every record has an
+result plus its reward) when it collects the step (`services.collector.StepCollector`). Every record has an
 idempotency key `(run, step, prompt_id, sample_index, policy_version)` so that at-least-once delivery can
-be turned into exactly-once collection (see `services.queues.StepCollector`).
+be turned into exactly-once collection (see `services.collector.StepCollector`).
 
     data = encode(RolloutResult(...))   # bytes of one record
     record = decode(data)               # the same record back

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import redis
 
 from services.payloads import RewardNote, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
-from services.queues import STREAM_GROUPS, StepCollector, WorkQueue, stream_key
+from services.collector import StepCollector
+from services.queues import STREAM_GROUPS, WorkQueue, stream_key
 
 
 def make_requests(run: str, step: int, m: int, n: int, prompt_tokens: int = 12) -> list[RolloutRequest]:

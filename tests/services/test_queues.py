@@ -8,7 +8,8 @@ import time
 import pytest
 
 from services.payloads import RewardNote, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
-from services.queues import QueueUnavailable, StepCollector, WorkQueue, open_queue, stream_key
+from services.collector import StepCollector
+from services.queues import QueueUnavailable, WorkQueue, open_queue, stream_key
 from services.redis_server import start_embedded
 
 

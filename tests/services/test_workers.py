@@ -12,7 +12,8 @@ import pytest
 from pcl.engines.hf import HFEngine
 from pcl.reward_pool import RewardPool
 from services.payloads import RewardRecord, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
-from services.queues import StepCollector, WorkQueue, stream_key
+from services.collector import StepCollector
+from services.queues import WorkQueue, stream_key
 from services.workers import RolloutService, VerifierService
 
 pytestmark = pytest.mark.redis
