@@ -29,7 +29,7 @@ import ray
 from actors.runtime import gather
 from pcl import checkpoint as ckpt
 from pcl.batch import group_samples, training_sequences
-from pcl.config import Config, dump_config
+from pcl.config import Config, dump_config, redacted
 from pcl.data import PromptRecord
 from pcl.rl import effective_ratio, explained_variance
 from pcl.rounds import RoundLedger
@@ -247,8 +247,7 @@ class Coordinator:
         for name in (METRICS_FILE, SELECTIONS_FILE, REFERENCE_FILE):
             if (run_dir / name).is_file():
                 shutil.copy2(run_dir / name, tmp / name)
-        (tmp / "config.yaml").write_text(dump_config(self.cfg.model_copy(update={
-            "control": self.cfg.control.model_copy(update={"token": None})})))
+        (tmp / "config.yaml").write_text(dump_config(redacted(self.cfg, token_mask=None)))
         final = ckpt.commit(tmp, root, self.step, {"policy_version": self.policy_version,
                                                     "strategy": self.cfg.selection.type,
                                                     "write_seconds": round(time.perf_counter() - started, 3)})

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 LIMIT = 1.05
-TOKEN = "bench-control-load-token"
+TOKEN = "bench-control-load-token-0123456789"
 PATCH = "PATCH /v1/params"
 MIX = (
     "GET /v1/status", "GET /metrics", "GET /v1/events", "GET /v1/history", "GET /livez",

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from pcl.credentials import MASK, check_token, mask_url, redact
 
 
 class ConfigError(ValueError):
@@ -205,7 +207,22 @@ class ControlConfig(Section):
     enabled: bool = Field(True, description="Serve the control plane with the run.")
     host: str = Field("127.0.0.1")
     port: int = Field(8600, ge=0, le=65535, description="0 picks a free port.")
-    token: str | None = Field(None, description="Bearer token; PCL_API_TOKEN when unset; generated when neither.")
+    token: str | None = Field(None, description="Bearer token (at least 32 characters, no placeholder); "
+                              "PCL_API_TOKEN when unset; generated when neither. Never printed.")
+    allowed_hosts: list[str] = Field(default_factory=list, description="Host headers served (a guard against DNS "
+                                     "rebinding), e.g. [pcl.example.org, 127.0.0.1]; '*.example.org' for subdomains; "
+                                     "empty: any.")
+    docs: bool = Field(False, description="Serve the Swagger UI at /docs (it loads scripts from cdn.jsdelivr.net); "
+                       "/openapi.json is always served.")
+    max_body_bytes: int = Field(65536, ge=1024, description="Larger request bodies are refused (413) unread.")
+    max_concurrent_requests: int = Field(64, ge=1, description="Requests served at once; more get 503 at once.")
+    depth_cache_s: float = Field(5.0, ge=0, description="Queue depths in /v1/status and /metrics are at most this "
+                                 "old (computed once per interval, however many clients ask); 0: every request.")
+
+    @field_validator("token")
+    @classmethod
+    def _strong_token(cls, token: str | None) -> str | None:
+        return None if token is None else check_token(token, "control.token")
 
 
 class CheckpointConfig(Section):
@@ -281,6 +298,8 @@ def _set_dotted(tree: dict, parts: list[str], value: Any) -> None:
 
 def _describe(err: dict, source: str) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not (isinstance(p, str) and p in _STRATEGY_TAGS))
+    if loc == "control.token":  # a secret: the message names the key and the rule, never the value
+        return f"{source}: 'control.token': {err['msg'].removeprefix('Value error, ')}"
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind == "extra_forbidden":
         return f"{source}: unknown key '{loc}'"
@@ -302,9 +321,18 @@ def validate_tree(tree: dict, source: str = "<config>") -> Config:
     try:
         return Config.model_validate(tree)
     except ValidationError as exc:
-        lines = [_describe(e, source) for e in exc.errors()]
+        lines = [redact(_describe(e, source), _secrets(tree)) for e in exc.errors()]
         sep = "\n  " if len(lines) > 1 else " "  # a single problem stays on the message's one line
         raise ConfigError("invalid configuration:" + sep + "\n  ".join(lines)) from None
+
+
+def _secrets(tree: dict) -> list:
+    """The secrets a config tree holds (the API token, a Redis password), to keep out of messages."""
+    control, redis = tree.get("control"), tree.get("redis")
+    token = control.get("token") if isinstance(control, dict) else None
+    url = redis.get("url") if isinstance(redis, dict) else None
+    masked = mask_url(url) if isinstance(url, str) else url
+    return [str(token) if token is not None else None, url if masked != url else None]
 
 
 def _read_yaml(path: str | os.PathLike) -> dict:
@@ -364,3 +392,12 @@ def load_config(path: str | os.PathLike | list | tuple | None, overrides: list[s
 def dump_config(cfg: Config) -> str:
     """The config as YAML, as a run directory records it."""
     return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)
+
+
+def redacted(cfg: Config, token_mask: str | None = MASK) -> Config:
+    """The config with its secrets hidden, for printing and run directories: control.token replaced by
+    `token_mask` when set (None drops it: a run directory's copy), the password of redis.url masked."""
+    token = None if cfg.control.token is None else token_mask
+    url = None if cfg.redis.url is None else mask_url(cfg.redis.url)
+    return cfg.model_copy(update={"control": cfg.control.model_copy(update={"token": token}),
+                                  "redis": cfg.redis.model_copy(update={"url": url})})

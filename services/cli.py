@@ -129,9 +129,9 @@ def _config_files(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
-    from pcl.config import dump_config, load_config
+    from pcl.config import dump_config, load_config, redacted
 
-    print(dump_config(load_config(*_config_files(args))), end="")
+    print(dump_config(redacted(load_config(*_config_files(args)))), end="")  # the token and passwords hidden
     return 0
 
 

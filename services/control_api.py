@@ -4,11 +4,13 @@
     server = ControlServer(app, "127.0.0.1", 8600).start()      # uvicorn in a background thread; server.url
 
 Reads are open; every mutation needs `Authorization: Bearer <token>` (401 without it, compared in constant
-time). Bad values get 422, a request that contradicts the run's state 409, and Redis being unreachable 503.
-Mutations are requests: the coordinator applies them at the next step boundary (services/run_control.py).
+time, before the body is read: services/control_guard.py, which also bounds bodies and requests in flight and
+adds the security headers). Bad values get 422, an id Redis refuses 400, a request that contradicts the run's
+state 409, and Redis being unreachable 503. Mutations are requests: the coordinator applies them at the next
+step boundary (services/run_control.py).
 
     GET  /v1/status        step, policy version, paused, tau, k, last step's metrics, queue depths, health
-    GET  /v1/history       per-step records for plots (?after=STEP&limit=N)
+    GET  /v1/history       per-step records for plots (?after=STEP&limit=N, N <= HISTORY_PAGE)
     GET  /v1/events        the event log (?after=ID&limit=N)
     POST /v1/pause         pause at the next step boundary          POST /v1/resume
     PATCH /v1/params       {"tau": 0.4, "k": 8}, from the next step
@@ -16,12 +18,15 @@ Mutations are requests: the coordinator applies them at the next step boundary (
     GET  /metrics          Prometheus text (services/metrics.py)
     GET  /livez  /readyz   process up; Redis reachable
     GET  /                 the live dashboard (services/static/dashboard.html)
-    GET  /docs             OpenAPI docs (/openapi.json)
+    GET  /openapi.json     the OpenAPI schema; GET /docs (Swagger UI, from a CDN) only with control.docs
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
+import re
 import threading
 import time
 from pathlib import Path
@@ -30,15 +35,21 @@ from typing import Annotated, Any
 import redis
 import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from pcl.config import ControlConfig
+from pcl.credentials import check_token
+from services.control_guard import DEFAULT_CSP, RequestGuard
 from services.control_state import ControlConflict, ControlStore, ControlValueError
 from services.metrics import metrics_registry
 
 DASHBOARD = Path(__file__).parent / "static" / "dashboard.html"
+HISTORY_PAGE = 1000  # step records per /v1/history response (about 300 KB of JSON); page on with ?after=
 
 
 # -- models --------------------------------------------------------------------------------------------------
@@ -156,9 +167,10 @@ def status(store: Store) -> dict:
 def history(
     store: Store,
     after: Annotated[int, Query(ge=-1)] = -1,
-    limit: Annotated[int, Query(ge=1, le=50_000)] = 5000,
+    limit: Annotated[int, Query(ge=1, le=HISTORY_PAGE)] = HISTORY_PAGE,
 ) -> dict:
-    """Per-step records (step, metrics, tau, k, eval_accuracy) with step > after, oldest first."""
+    """Per-step records (step, metrics, tau, k, eval_accuracy) with step > after, oldest first; at most
+    HISTORY_PAGE per call (ask again with after= the last step for more)."""
     return {"records": store.history(after, limit)}
 
 
@@ -169,10 +181,15 @@ def events(
     limit: Annotated[int, Query(ge=1, le=10_000)] = 200,
 ) -> list[dict]:
     """The event log, oldest first: the newest `limit` events, or those after the id `after`."""
-    return store.events(after, limit)
+    try:
+        return store.events(after, limit)
+    except redis.ResponseError as exc:  # an id Redis refuses (a part beyond 2**64 - 1); not its OOM & co
+        if type(exc) is not redis.ResponseError:
+            raise
+        raise HTTPException(400, f"after: {after!r} is not a stream id Redis accepts ({exc})") from None
 
 
-control = APIRouter(
+control_routes = APIRouter(
     prefix="/v1",
     tags=["control"],
     dependencies=[Depends(require_token)],
@@ -183,24 +200,24 @@ control = APIRouter(
 )
 
 
-@control.post("/pause", response_model=Accepted, status_code=202)
+@control_routes.post("/pause", response_model=Accepted, status_code=202)
 def pause(store: Store) -> dict:
     """Pause at the next step boundary: the step in flight completes, nothing is lost."""
     return {"event": store.request_pause()}
 
 
-@control.post("/resume", response_model=Accepted, status_code=202)
+@control_routes.post("/resume", response_model=Accepted, status_code=202)
 def resume(store: Store) -> dict:
     return {"event": store.request_resume()}
 
 
-@control.patch("/params", response_model=Accepted, status_code=202)
+@control_routes.patch("/params", response_model=Accepted, status_code=202)
 def params(update: ParamsUpdate, store: Store) -> dict:
     """Set tau and/or k; the next step uses them (recorded as params_applied with that step)."""
     return {"event": store.request_params(tau=update.tau, k=update.k)}
 
 
-@control.post("/checkpoint", response_model=CheckpointAccepted, status_code=202)
+@control_routes.post("/checkpoint", response_model=CheckpointAccepted, status_code=202)
 def checkpoint(store: Store) -> dict:
     """Record a checkpoint request (one may be pending at a time); the coordinator's checkpoint writer takes
     it at the next step boundary and records checkpoint_written."""
@@ -221,16 +238,52 @@ def dashboard(request: Request) -> HTMLResponse:
     return HTMLResponse(request.app.state.dashboard)
 
 
-def create_app(store: ControlStore, token: str) -> FastAPI:
-    """The control plane of `store`'s run; mutations need `token`."""
-    if not token:
-        raise ValueError("the control plane needs a non-empty API token")
-    app = FastAPI(title="PCL control plane", version="1", summary=f"Steer and watch PCL run {store.run!r}.")
+def create_app(store: ControlStore, token: str, control: ControlConfig | None = None) -> FastAPI:
+    """The control plane of `store`'s run; mutations need `token`. `control` sets the guard's limits, the
+    trusted hosts and /docs (ControlConfig's defaults when None)."""
+    control = control or ControlConfig()
+    check_token(token, "the API token")  # ValueError for a short or placeholder token
+    app = FastAPI(title="PCL control plane", version="1", summary=f"Steer and watch PCL run {store.run!r}.",
+                  docs_url="/docs" if control.docs else None, redoc_url=None)
     app.state.store, app.state.token = store, token
     app.state.registry = metrics_registry(store)
     app.state.dashboard = DASHBOARD.read_text(encoding="utf-8")
-    for router in (health, reads, control, pages):
+    for router in (health, reads, control_routes, pages):
         app.include_router(router)
+    _add_error_handlers(app)
+    if control.allowed_hosts:  # a Host header not listed is 400: a rebound DNS name never reaches a route
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=control.allowed_hosts, www_redirect=False)
+    app.add_middleware(RequestGuard, token=token, max_body_bytes=control.max_body_bytes,
+                       max_concurrent=control.max_concurrent_requests,
+                       csp={"/": dashboard_csp(app.state.dashboard), "/docs": DOCS_CSP})
+    return app
+
+
+# The Swagger UI page loads its script and style from jsDelivr and starts them with an inline script.
+DOCS_CSP = ("default-src 'none'; script-src https://cdn.jsdelivr.net 'unsafe-inline'; "
+            "style-src https://cdn.jsdelivr.net; img-src https://fastapi.tiangolo.com data:; connect-src 'self'; "
+            "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+
+
+def dashboard_csp(page: str) -> str:
+    """The dashboard's policy: its own inline script and style block only (by hash), requests to this origin."""
+
+    def hashes(tag: str) -> str:
+        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", page, re.S)
+        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'"
+                        for b in blocks)
+
+    return (f"{DEFAULT_CSP}; script-src {hashes('script')}; style-src {hashes('style')}; img-src 'self'; "
+            f"connect-src 'self'")
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # Where and why, never the input: it may be NaN or a lone surrogate, which JSON cannot carry.
+        detail = [{"loc": [_printable(p) for p in e["loc"]], "msg": _printable(e["msg"]), "type": e["type"]}
+                  for e in exc.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.exception_handler(ControlConflict)
     def conflict(_: Request, exc: ControlConflict) -> JSONResponse:
@@ -244,7 +297,10 @@ def create_app(store: ControlStore, token: str) -> FastAPI:
     def redis_down(_: Request, exc: redis.RedisError) -> JSONResponse:
         return JSONResponse({"detail": f"Redis unavailable: {type(exc).__name__}"}, status_code=503)
 
-    return app
+
+def _printable(part: Any) -> str | int:
+    """A location part or message as valid UTF-8 text (a lone surrogate becomes '?')."""
+    return part if isinstance(part, int) else str(part).encode("utf-8", "replace").decode("utf-8")
 
 
 # -- serving -------------------------------------------------------------------------------------------------

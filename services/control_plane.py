@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pcl.config import Config, ConfigError, ControlConfig
+from pcl.credentials import check_token
 from services.control_state import ControlStore
 
 if TYPE_CHECKING:
@@ -31,9 +32,15 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def resolve_token(configured: str | None) -> tuple[str, bool]:
-    """(token, generated): control.token, else $PCL_API_TOKEN, else a new random token."""
+    """(token, generated): control.token, else $PCL_API_TOKEN, else a new random token. A short or placeholder
+    token is a ConfigError naming where it came from (never the token)."""
     token = configured or os.environ.get("PCL_API_TOKEN")
-    return (token, False) if token else (secrets.token_urlsafe(24), True)
+    if not token:
+        return secrets.token_urlsafe(32), True
+    try:
+        return check_token(token, "control.token" if configured else "PCL_API_TOKEN"), False
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def serve(control: ControlConfig, store: ControlStore, stream=None) -> "ControlServer":
@@ -51,14 +58,15 @@ def serve(control: ControlConfig, store: ControlStore, stream=None) -> "ControlS
         )
         host = "127.0.0.1"
     try:
-        server = ControlServer(create_app(store, token), host, control.port).start()
+        server = ControlServer(create_app(store, token, control), host, control.port).start()
     except RuntimeError:
         raise ConfigError(
             f"control.port = {control.port}: cannot listen on {host}:{control.port} (in use?); "
             f"control.port=0 picks a free port, control.enabled=false serves no control plane"
         ) from None
+    docs = f"API docs {server.url}/docs" if control.docs else f"API schema {server.url}/openapi.json"
     print(
-        f"pcl: control plane at {server.url}  (dashboard {server.url}/, API docs {server.url}/docs)",
+        f"pcl: control plane at {server.url}  (dashboard {server.url}/, {docs})",
         file=stream,
         flush=True,
     )
@@ -81,7 +89,8 @@ class DriverControl:
     ):
         from services.redis_server import make_client, masked
 
-        self.store = ControlStore(make_client(redis_url, decode_responses=True), cfg.run.name)
+        self.store = ControlStore(make_client(redis_url, decode_responses=True), cfg.run.name,
+                                  depth_cache_s=cfg.control.depth_cache_s)
         if fresh:
             self.store.reset()
         else:  # resumed: the state in Redis stands; a checkpoint's snapshot fills in for a Redis without it
@@ -130,7 +139,7 @@ def serve_forever(control: ControlConfig, redis_url: str, run: str) -> int:
         connect(redis_url).close()
     except (RedisUnavailable, ValueError) as exc:  # unreachable, or not a redis:// / rediss:// / unix:// URL
         raise ConfigError(str(exc)) from None
-    store = ControlStore(make_client(redis_url, decode_responses=True), run)
+    store = ControlStore(make_client(redis_url, decode_responses=True), run, depth_cache_s=control.depth_cache_s)
     server = serve(control, store)
     print(f"pcl: serving run {run!r}; Ctrl-C stops", flush=True)
     try:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -99,10 +100,14 @@ def _finite(value: Any) -> Any:
 class ControlStore:
     """The Redis keys of one run's control state. The client must decode responses (decode_responses=True)."""
 
-    def __init__(self, client: redis.Redis, run: str):
+    def __init__(self, client: redis.Redis, run: str, depth_cache_s: float = 0.0):
+        """`depth_cache_s`: queue depths are computed at most once per this many seconds (0: every call)."""
         if not run:
             raise ValueError("ControlStore needs a run name (run.name)")
         self.client, self.run = client, run
+        self.depth_cache_s = depth_cache_s
+        self._depths: tuple[float, dict[str, int]] | None = None  # (monotonic time computed, depths)
+        self._depths_lock = threading.Lock()
         base = f"pcl:{run}"
         self.control_key, self.events_key = f"{base}:control", f"{base}:events"
         self.status_key, self.history_key = f"{base}:status", f"{base}:history"
@@ -266,7 +271,17 @@ class ControlStore:
         return status
 
     def queue_depths(self) -> dict[str, int]:
-        """Entries of each work stream not yet acknowledged by its group (pending + not yet delivered)."""
+        """Entries of each work stream not yet acknowledged by its group (pending + not yet delivered), at most
+        depth_cache_s old. Open reads (/v1/status, /metrics) call this, and on Redis < 7 a count runs a Lua
+        XRANGE over the backlog that blocks Redis: however many clients ask, one computation per interval runs
+        (concurrent callers wait for it rather than starting their own)."""
+        with self._depths_lock:
+            cached = self._depths
+            if cached is None or time.monotonic() - cached[0] >= self.depth_cache_s or not self.depth_cache_s:
+                cached = self._depths = (time.monotonic(), self._count_depths())
+            return dict(cached[1])
+
+    def _count_depths(self) -> dict[str, int]:
         depths = {}
         for name, group in STREAM_GROUPS.items():
             key = stream_key(self.run, name)

@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 from redis._parsers.encoders import Encoder
@@ -41,6 +41,7 @@ from redis.connection import PythonRespSerializer
 from redis.retry import Retry
 
 from pcl.config import RedisConfig
+from pcl.credentials import mask_url
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +53,8 @@ class RedisUnavailable(RuntimeError):
 
 
 def masked(url: str) -> str:
-    """The URL with any password replaced by '***', for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    """The URL with any password (`user:password@`, `?password=`) replaced by '***', for messages and logs."""
+    return mask_url(url)
 
 
 def make_client(url: str, **kwargs) -> redis.Redis:
@@ -272,7 +269,7 @@ def connect(url: str, timeout_s: float = 5.0) -> RedisHandle:
     try:  # a malformed URL (scheme, port, db) is named the same way, not raised as a bare ValueError
         client = make_client(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
     except ValueError as exc:
-        why = str(exc)
+        why = str(exc).replace(url, masked(url))
         raise RedisUnavailable(why if masked(url) in why else f"bad Redis URL {masked(url)}: {why}") from None
     try:
         client.ping()

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pcl.config import Config, ConfigError, dump_config
+from pcl.config import Config, ConfigError, dump_config, redacted
 from pcl.runlog import METRICS_FILE, read_metrics
 
 log = logging.getLogger("pcl.train")
@@ -86,8 +86,7 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     except OSError as exc:  # a file in the way, no permission
         raise ConfigError(f"run dir {str(out)!r}: cannot create it ({exc.strerror or exc})") from None
     # control.token is a secret: it stays out of the run directory (a resumed run takes it from PCL_API_TOKEN)
-    (out / "config.yaml").write_text(dump_config(cfg.model_copy(update={"control": cfg.control.model_copy(
-        update={"token": None})})))
+    (out / "config.yaml").write_text(dump_config(redacted(cfg, token_mask=None)))  # Redis password masked too
 
     policy = resolve_model_path(cfg.model.path, "model.path")
     value = resolve_model_path(cfg.value.path, "value.path") if cfg.value.path else policy

@@ -13,7 +13,7 @@ from services.control_state import ControlStore
 from services.redis_server import make_client
 from services.run_control import RunControl
 
-TOKEN = "s3cret-test-token"
+TOKEN = "s3cret-test-token-0123456789abcdef"  # 32+ characters, as the control plane requires
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

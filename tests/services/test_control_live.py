@@ -26,7 +26,7 @@ from pcl.runlog import read_metrics
 
 pytestmark = [pytest.mark.ray, pytest.mark.redis]
 REPO = Path(__file__).resolve().parents[2]
-TOKEN = "live-test-token"
+TOKEN = "live-test-token-0123456789abcdefgh"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 STEPS = 5
 

@@ -43,12 +43,12 @@ def test_a_generated_token_is_printed_once_and_forces_localhost(
 def test_a_configured_token_is_not_printed(
     redis_url, key_prefix, redis_client, tmp_path, capsys, monkeypatch
 ):
-    monkeypatch.setenv("PCL_API_TOKEN", "from-the-environment")
+    monkeypatch.setenv("PCL_API_TOKEN", "from-the-environment-0123456789abcdef")
     plane = DriverControl(config(key_prefix), redis_url, tmp_path, k_max=8, fresh=True)
     try:
-        assert "from-the-environment" not in capsys.readouterr().out
+        assert "from-the-environment-0123456789abcdef" not in capsys.readouterr().out
         r = httpx.post(
-            f"{plane.server.url}/v1/pause", headers={"Authorization": "Bearer from-the-environment"}
+            f"{plane.server.url}/v1/pause", headers={"Authorization": "Bearer from-the-environment-0123456789abcdef"}
         )
         assert r.status_code == 202
     finally:
