@@ -192,8 +192,9 @@ def test_metrics_change_with_the_steps(live):
     ]  # paused: nothing more
 
 
-def _chromium():
-    """A headless Chromium driven by selenium, or a skip naming what is missing."""
+def _chromium(logging: bool = False):
+    """A headless Chromium driven by selenium, or a skip naming what is missing; with `logging`, the page's
+    console (CSP violations included) is kept for browser.get_log("browser")."""
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
@@ -208,6 +209,8 @@ def _chromium():
     os.environ.setdefault("SE_OFFLINE", "true")  # never let selenium-manager look for drivers on the network
     options = webdriver.ChromeOptions()
     options.binary_location = browser
+    if logging:
+        options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     for arg in (
         "--headless=new",
         "--no-sandbox",
