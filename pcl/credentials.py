@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from typing import Iterable
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 MIN_TOKEN_CHARS = 32
 MASK = "***"
@@ -43,16 +43,16 @@ def mask_url(url: str) -> str:
         password = parts.password
     except ValueError:  # not parseable as a URL: hide anything between ':' and '@'
         return re.sub(r"(?<=:)[^:/@]*(?=@)", MASK, url)
-    netloc = parts.netloc
+    masked = url  # pieces replaced in place: urlunsplit would turn unix:///path into unix:/path
     if password:
-        user, _, host = netloc.rpartition("@")
-        netloc = f"{user.partition(':')[0]}:{MASK}@{host}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
+        user, _, host = parts.netloc.rpartition("@")
+        masked = masked.replace(f"//{parts.netloc}", f"//{user.partition(':')[0]}:{MASK}@{host}", 1)
+    if parts.query:
+        pairs = parse_qsl(parts.query, keep_blank_values=True)
         if any(key.lower() == "password" for key, _ in pairs):
             query = urlencode([(k, MASK if k.lower() == "password" else v) for k, v in pairs], safe="*")
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
+            masked = masked.replace(f"?{parts.query}", f"?{query}", 1)
+    return masked
 
 
 def redact(text: str, secrets: Iterable[object]) -> str:
