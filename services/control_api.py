@@ -23,10 +23,7 @@ step boundary (services/run_control.py).
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import hmac
-import re
 import threading
 import time
 from pathlib import Path
@@ -44,7 +41,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from pcl.config import ControlConfig
 from pcl.credentials import check_token
-from services.control_guard import DEFAULT_CSP, RequestGuard
+from services.control_guard import DOCS_CSP, RequestGuard, dashboard_csp
 from services.control_state import ControlConflict, ControlStore, ControlValueError
 from services.metrics import metrics_registry
 
@@ -257,24 +254,6 @@ def create_app(store: ControlStore, token: str, control: ControlConfig | None = 
                        max_concurrent=control.max_concurrent_requests,
                        csp={"/": dashboard_csp(app.state.dashboard), "/docs": DOCS_CSP})
     return app
-
-
-# The Swagger UI page loads its script and style from jsDelivr and starts them with an inline script.
-DOCS_CSP = ("default-src 'none'; script-src https://cdn.jsdelivr.net 'unsafe-inline'; "
-            "style-src https://cdn.jsdelivr.net; img-src https://fastapi.tiangolo.com data:; connect-src 'self'; "
-            "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
-
-
-def dashboard_csp(page: str) -> str:
-    """The dashboard's policy: its own inline script and style block only (by hash), requests to this origin."""
-
-    def hashes(tag: str) -> str:
-        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", page, re.S)
-        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'"
-                        for b in blocks)
-
-    return (f"{DEFAULT_CSP}; script-src {hashes('script')}; style-src {hashes('style')}; img-src 'self'; "
-            f"connect-src 'self'")
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -20,8 +20,11 @@ sends instead of parsing it.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import json
+import re
 from typing import Any, Awaitable, Callable
 
 Scope = dict[str, Any]
@@ -34,6 +37,11 @@ READ_METHODS = ("GET", "HEAD", "OPTIONS")
 HEALTH_PATHS = ("/livez", "/readyz")
 # No script, style, frame, form or plugin from anywhere: JSON and text responses need none.
 DEFAULT_CSP = "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+# The Swagger UI page (/docs, with control.docs) loads its script and style from jsDelivr and starts them with an
+# inline script.
+DOCS_CSP = ("default-src 'none'; script-src https://cdn.jsdelivr.net 'unsafe-inline'; "
+            "style-src https://cdn.jsdelivr.net; img-src https://fastapi.tiangolo.com data:; connect-src 'self'; "
+            "frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
 SECURITY_HEADERS = (
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
@@ -42,6 +50,18 @@ SECURITY_HEADERS = (
     (b"cross-origin-resource-policy", b"same-origin"),
     (b"permissions-policy", b"camera=(), microphone=(), geolocation=(), payment=(), usb=()"),
 )
+
+
+def dashboard_csp(page: str) -> str:
+    """The dashboard's policy: its own inline script and style block only (by hash), requests to this origin."""
+
+    def hashes(tag: str) -> str:
+        blocks = re.findall(rf"<{tag}>(.*?)</{tag}>", page, re.S)
+        return " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(b.encode()).digest()).decode()}'"
+                        for b in blocks)
+
+    return (f"{DEFAULT_CSP}; script-src {hashes('script')}; style-src {hashes('style')}; img-src 'self'; "
+            f"connect-src 'self'")
 
 
 class RequestGuard:
