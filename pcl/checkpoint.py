@@ -36,6 +36,28 @@ COMPLETE = "COMPLETE"
 _NAME = re.compile(r"^step-(\d{6,})$")
 
 
+class CheckpointError(ValueError):
+    """A checkpoint file that cannot be used as it is (refused, not the expected layout); names the file."""
+
+
+def load_tensors(path: str | os.PathLike, map_location: Any = "cpu") -> Any:
+    """A `.pt` file of a checkpoint (tensors in dicts, lists and plain values), read with
+    `torch.load(weights_only=True)`: a file holding any other object (a pickle that would run code when loaded,
+    planted on a shared run volume) is refused with a CheckpointError naming it, and nothing of it runs."""
+    import pickle
+
+    import torch
+
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        why = next((line.strip() for line in str(exc).splitlines() if "GLOBAL" in line or "Unsupported" in line),
+                   str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+        raise CheckpointError(f"checkpoint file {path}: refused: it holds more than tensors and plain values, so "
+                              f"loading it could run code ({why[:200]}); pcl never writes such files: restore "
+                              f"the checkpoint from a trusted copy or resume from another one") from None
+
+
 def step_dir_name(step: int) -> str:
     return f"step-{step:06d}"
 

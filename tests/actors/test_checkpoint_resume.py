@@ -33,7 +33,7 @@ def pcl_train(run_dir: Path, *extra: str, **kwargs):
 
 def final_weights(run_dir: Path) -> dict:
     ckpt = run_dir / "checkpoints" / f"step-{2 * T:06d}"
-    return torch.load(ckpt / "learner.pt", map_location="cpu", weights_only=False)["model"]
+    return torch.load(ckpt / "learner.pt", map_location="cpu", weights_only=True)["model"]
 
 
 def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tmp_path):
@@ -77,7 +77,7 @@ def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tmp_path):
     worst = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
     assert worst <= 1e-6, worst
     first = final_weights(straight)  # and training did move the weights: the comparison is not vacuous
-    initial = torch.load(straight / "checkpoints" / f"step-{T:06d}" / "learner.pt", weights_only=False)["model"]
+    initial = torch.load(straight / "checkpoints" / f"step-{T:06d}" / "learner.pt", weights_only=True)["model"]
     assert max((first[k] - initial[k]).abs().max().item() for k in first) > 1e-6
     # The checkpoint's policy/ is a Hugging Face model holding exactly the learner's weights.
     from transformers import AutoModelForCausalLM
