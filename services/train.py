@@ -131,17 +131,21 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     for records in (suite or {}).values():
         answers.update({p.id: p.answer for p in records})
     if checkpoint is not None:
-        check_resumable(cfg, checkpoint, len(train))
+        check_resumable(cfg, checkpoint, train)
     return Prepared(out, policy, value, train, evals, answers, checkpoint, suite)
 
 
 # What a resumed run must share with the run that wrote its checkpoint (anything else may change on resume).
-RESUME_FIXED = ("run.name", "run.seed", "run.m", "run.n", "data.source", "selection.type", "model.path")
+RESUME_FIXED = ("run.name", "run.seed", "run.m", "run.n", "data.source", "data.revision", "selection.type",
+                "model.path")
 
 
-def check_resumable(cfg: Config, checkpoint: Path, num_prompts: int) -> None:
-    """A ConfigError naming each difference that makes `checkpoint` meaningless for `cfg`."""
+def check_resumable(cfg: Config, checkpoint: Path, train: list) -> None:
+    """A ConfigError naming each difference that makes `checkpoint` meaningless for `cfg` and its training
+    set `train` (the prompt count, and the data fingerprint of ids, questions and answers in order)."""
     import yaml
+
+    from pcl.fingerprint import data_fingerprint, fingerprint_differences
 
     saved = yaml.safe_load((checkpoint / "config.yaml").read_text())
     now = cfg.model_dump(mode="json")
@@ -152,9 +156,12 @@ def check_resumable(cfg: Config, checkpoint: Path, num_prompts: int) -> None:
             problems.append(f"{key} is {now[section][name]!r}; the checkpoint's run had "
                             f"{saved.get(section, {}).get(name)!r}")
     state = json.loads((checkpoint / "state.json").read_text())
-    if state["sampler"]["num_prompts"] != num_prompts:
-        problems.append(f"the training set has {num_prompts} usable prompts; the checkpoint's had "
+    if state["sampler"]["num_prompts"] != len(train):
+        problems.append(f"the training set has {len(train)} usable prompts; the checkpoint's had "
                         f"{state['sampler']['num_prompts']} (the data changed)")
+    elif "data" in state["sampler"]:  # checkpoints written before the fingerprint: the count only
+        problems += [f"{why} (the data changed)" for why in
+                     fingerprint_differences(state["sampler"]["data"], data_fingerprint(train))]
     if problems:
         raise ConfigError(f"cannot resume from {checkpoint}:\n  " + "\n  ".join(problems))
 
