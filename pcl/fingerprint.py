@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 VERSION = 1
 
@@ -59,8 +60,8 @@ def fingerprint_differences(saved: dict[str, Any], now: dict[str, Any]) -> list[
     if saved["count"] != now["count"]:
         return [f"the training set has {now['count']} usable prompts; the checkpoint's had {saved['count']}"]
     if saved["rows"] == now["rows"]:
-        return [f"the training set holds the same {now['count']} prompts and answers in another order (rows "
-                "reordered): the saved sampler position would pick other prompts"]
+        return [(f"the training set holds the same {now['count']} prompts and answers in another order (rows "
+                 "reordered): the saved sampler position would pick other prompts")]
     problems = []
     if saved["id_set"] != now["id_set"]:
         problems.append("the prompt ids differ (rows added, removed or renamed at the same count)")
