@@ -86,6 +86,9 @@ class Coordinator:
         self.log = MetricsLog(run_dir)
         self.selections = MetricsLog(run_dir, SELECTIONS_FILE)
         self.policy_path = fleet.get("policy_path")
+        # The first checkpoint's size, before there is one to measure (checked against the free space).
+        models = (self.policy_path, fleet.get("value_path") if self.scorer is not None else None)
+        self.state_bytes = ckpt.state_bytes_estimate([p for p in models if p])
         self.weights_ref = None  # the weights of policy_version in the object store (None: the initial ones)
         self.elapsed_offset = 0.0  # training seconds before this process took over (a resumed run)
         self.clock_start: float | None = None
@@ -234,23 +237,25 @@ class Coordinator:
         `pcl.checkpoint`); the oldest beyond checkpoint.keep are deleted. Returns the checkpoint's path."""
         started = time.perf_counter()
         root, run_dir = self.checkpoint_root, Path(self.run_dir)
-        tmp = ckpt.begin(root, self.step)
-        self.learners.save_checkpoint(str(tmp))
-        if self.scorer is not None:
-            self.get(self.scorer.save_checkpoint.remote(str(tmp / "value")))
-        if self.policy_path:
-            from transformers import AutoTokenizer
+        ckpt.check_free_space(root, self.step, self.state_bytes)  # a clear error, before writing anything
+        with ckpt.writing(root, self.step) as tmp:  # a failed write (a full disk) leaves no partial checkpoint
+            self.learners.save_checkpoint(str(tmp))
+            if self.scorer is not None:
+                self.get(self.scorer.save_checkpoint.remote(str(tmp / "value")))
+            if self.policy_path:
+                from transformers import AutoTokenizer
 
-            AutoTokenizer.from_pretrained(self.cfg.model.tokenizer or self.policy_path).save_pretrained(tmp / "policy")
-        ckpt.write_json(tmp / "state.json", self.state_dict())
-        ckpt.write_json(tmp / "control.json", self.control.snapshot())
-        for name in (METRICS_FILE, SELECTIONS_FILE, REFERENCE_FILE):
-            if (run_dir / name).is_file():
-                shutil.copy2(run_dir / name, tmp / name)
-        (tmp / "config.yaml").write_text(dump_config(redacted(self.cfg, token_mask=None)))
-        final = ckpt.commit(tmp, root, self.step, {"policy_version": self.policy_version,
-                                                    "strategy": self.cfg.selection.type,
-                                                    "write_seconds": round(time.perf_counter() - started, 3)})
+                tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.tokenizer or self.policy_path)
+                tokenizer.save_pretrained(tmp / "policy")
+            ckpt.write_json(tmp / "state.json", self.state_dict())
+            ckpt.write_json(tmp / "control.json", self.control.snapshot())
+            for name in (METRICS_FILE, SELECTIONS_FILE, REFERENCE_FILE):
+                if (run_dir / name).is_file():
+                    shutil.copy2(run_dir / name, tmp / name)
+            (tmp / "config.yaml").write_text(dump_config(redacted(self.cfg, token_mask=None)))
+            final = ckpt.commit(tmp, root, self.step, {"policy_version": self.policy_version,
+                                                        "strategy": self.cfg.selection.type,
+                                                        "write_seconds": round(time.perf_counter() - started, 3)})
         ckpt.prune(root, self.cfg.checkpoint.keep, protect=((self.best or {}).get("checkpoint"),))
         self.last_checkpoint_step = self.step
         log.info("checkpoint %s written in %.1fs", final, time.perf_counter() - started)

@@ -11,6 +11,7 @@ from typing import Any
 import ray
 
 from pcl.data import PromptRecord
+from pcl.fingerprint import data_fingerprint, fingerprint_differences
 from pcl.sampler import PromptSampler
 
 
@@ -33,6 +34,7 @@ class PromptSamplerActor:
             raise ValueError("the training set has no usable prompts")
         self.prompts = prompts
         self.sampler = PromptSampler(len(prompts), seed)
+        self.fingerprint = data_fingerprint(prompts)  # saved with the cursor: a resume on other data is refused
 
     def sample(self, count: int) -> list[PromptRecord]:
         """The next `count` distinct prompts of the shuffled stream (crossing epochs as needed)."""
@@ -43,10 +45,15 @@ class PromptSamplerActor:
         return self.prompts
 
     def state_dict(self) -> dict[str, Any]:
-        return self.sampler.state_dict()
+        return {**self.sampler.state_dict(), "data": self.fingerprint}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.sampler.load_state_dict(state)
+        """Continue from a saved cursor; refused (ValueError saying what differs) when it was taken on other data.
+        A state without a fingerprint (older checkpoints) is checked by its prompt count only."""
+        differences = fingerprint_differences(state["data"], self.fingerprint) if "data" in state else []
+        if differences:
+            raise ValueError("the sampler state was saved on other training data: " + "; ".join(differences))
+        self.sampler.load_state_dict({k: v for k, v in state.items() if k != "data"})
 
     def ping(self) -> bool:
         return True

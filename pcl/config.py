@@ -50,6 +50,9 @@ class DataConfig(Section):
     root: str | None = Field(None, description="Directory of local copies of the known datasets (math500.jsonl, ...), "
                              "read instead of the hub; PCL_DATA_ROOT when unset.")
     split: str = Field("train", description="Split, for Hugging Face datasets.")
+    revision: str | None = Field(None, min_length=1, description="Hugging Face revision (commit sha, tag or branch) "
+                                 "of `source`, when read from the hub; a resume with another one is refused. Unset: "
+                                 "the known dataset's pinned revision if it has one, else the hub's newest.")
     prompt_field: str = Field("problem", description="Field holding the question.")
     answer_field: str = Field("answer", description="Field holding the gold answer (str, number or list).")
     id_field: str | None = Field(None, description="Field holding a stable row id; the row index when unset.")

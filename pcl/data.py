@@ -95,11 +95,13 @@ class UnreadableRow(dict):
 # Reading rows
 
 
-def load_rows(source: str, split: str = "train", *, size: int | None = None, seed: int = 0) -> list[dict]:
+def load_rows(source: str, split: str = "train", *, size: int | None = None, seed: int = 0,
+              revision: str | None = None) -> list[dict]:
     """The raw rows of a source: "tiny", a .jsonl / .json / .parquet path, or a Hugging Face dataset name
     (or a local folder of data files, which `datasets` reads).
 
-    `split` picks the Hugging Face split (and the tiny task's); `size` and `seed` only apply to "tiny"
+    `split` picks the Hugging Face split (and the tiny task's), `revision` the hub revision; `size` and `seed`
+    only apply to "tiny"
     (default size: DataConfig.tiny_size). Unreadable JSON records come back as `UnreadableRow`s.
     """
     if source == "tiny":
@@ -113,11 +115,12 @@ def load_rows(source: str, split: str = "train", *, size: int | None = None, see
         return _read_hf(source, split)
     if path.suffix.lower() in FILE_SUFFIXES or source.startswith(("/", "./", "../", "~")):
         raise FileNotFoundError(f"dataset file {source!r} does not exist (looked at {path.resolve()})")
-    return _read_hf(source, split)
+    return _read_hf(source, split, revision=revision)
 
 
-def _read_hf(name: str, split: str, config: str | None = None) -> list[dict]:
-    """The rows of a Hugging Face dataset (`config` its configuration, when it has several).
+def _read_hf(name: str, split: str, config: str | None = None, revision: str | None = None) -> list[dict]:
+    """The rows of a Hugging Face dataset (`config` its configuration, when it has several) at `revision` (a
+    commit sha, tag or branch; None: the newest).
 
     The hub is probed first, once per process and endpoint, with a short timeout: when it cannot be
     reached (or HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set) the dataset is read in offline mode, from the
@@ -140,9 +143,11 @@ def _read_hf(name: str, split: str, config: str | None = None) -> list[dict]:
         offline = _hub_unreachable(endpoint)
     try:
         with _hub_offline(datasets, offline is not None):
-            dataset = datasets.load_dataset(name, config, split=split)
+            pinned = {"revision": revision} if revision else {}
+            dataset = datasets.load_dataset(name, config, split=split, **pinned)
     except Exception as exc:  # the hub, the cache and the builders raise many types
         where = f" (configuration {config!r})" if config else ""
+        where += f" (revision {revision!r})" if revision else ""
         why = f"{type(exc).__name__}: {exc}"
         if offline is not None:
             why = (f"the Hugging Face hub {endpoint} was not used: {offline}; and the local Hugging Face "
@@ -403,8 +408,10 @@ def load_prompts(
     Any other split is the held-out side: data.eval_source, read with that Hugging Face split ("eval"
     reads "test", the benchmarks' convention), or the tiny task's eval split with data.eval_size rows.
     """
+    revision = None  # data.revision pins the training source; held-out sets are not resumed from
     if split == "train":
         source, hf_split, tiny_split, size = data_cfg.source, data_cfg.split, "train", data_cfg.tiny_size
+        revision = data_cfg.revision
     else:
         if data_cfg.eval_source is None:
             raise ValueError("data.eval_source is not set: there is no held-out set to load")
@@ -418,6 +425,6 @@ def load_prompts(
         fields = fields_for(known, root)
         data_cfg = data_cfg.model_copy(update={"prompt_field": fields.prompt, "answer_field": fields.answer,
                                                "id_field": fields.id})
-        return build_prompts(read_known(known, root), data_cfg, tokenizer, source=source)
-    rows = load_rows(source, tiny_split if source == "tiny" else hf_split, size=size, seed=seed)
+        return build_prompts(read_known(known, root, revision), data_cfg, tokenizer, source=source)
+    rows = load_rows(source, tiny_split if source == "tiny" else hf_split, size=size, seed=seed, revision=revision)
     return build_prompts(rows, data_cfg, tokenizer, source=source)

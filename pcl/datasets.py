@@ -38,6 +38,7 @@ class KnownDataset:
     file_fields: Fields | None = None
     k: int = 1  # the paper's avg@k when evaluated (AIME and AMC: 32, Minerva: 4, the rest: 1)
     config: str | None = None  # the Hugging Face configuration, for datasets with several
+    revision: str | None = None  # the hub revision read when data.revision is unset (None: the newest)
 
 
 KNOWN = {d.name: d for d in [
@@ -84,8 +85,9 @@ def fields_for(known: KnownDataset, root: Path | None) -> Fields:
     return known.file_fields if local_copy(known, root) is not None else known.hub_fields
 
 
-def read_known(known: KnownDataset, root: Path | None) -> list[dict]:
-    """The rows of a known dataset: its local copy under root when there is one, else the hub."""
+def read_known(known: KnownDataset, root: Path | None, revision: str | None = None) -> list[dict]:
+    """The rows of a known dataset: its local copy under root when there is one, else the hub at `revision`
+    (default: the dataset's pinned revision, if any)."""
     from pcl.data import _read_file, _read_hf  # noqa: PLC0415 - pcl.data imports this module
 
     path = local_copy(known, root)
@@ -93,7 +95,7 @@ def read_known(known: KnownDataset, root: Path | None) -> list[dict]:
         rows = _read_file(path)
     else:
         try:
-            rows = _read_hf(known.hub, known.split, known.config)
+            rows = _read_hf(known.hub, known.split, known.config, revision or known.revision)
         except (ImportError, ValueError) as exc:
             where = f"; no {known.file} under data root {root}" if known.file and root else (
                 f"; or set data.root / PCL_DATA_ROOT to a directory holding {known.file}" if known.file else "")

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from pcl.checkpoint import load_tensors
 from pcl.config import OptimizerConfig
 from pcl.rl import policy_gradient_loss, token_logprobs
 
@@ -337,11 +338,11 @@ class PolicyLearner:
     def load_checkpoint(self, directory: str) -> None:
         """Restore what `save_checkpoint` wrote (collective; rank 0 reads `learner.pt` and broadcasts it)."""
         directory = Path(directory)
-        state = torch.load(directory / "learner.pt", map_location="cpu", weights_only=False) if self.rank == 0 else {}
+        state = load_tensors(directory / "learner.pt") if self.rank == 0 else {}
         self.load_state_dict(state)
         rng = directory / f"learner-rng-{self.rank}.pt"
         if rng.is_file():
-            torch.set_rng_state(torch.load(rng, weights_only=False))
+            torch.set_rng_state(load_tensors(rng))
 
     def state_dict(self) -> dict[str, Any]:
         """Checkpoint state: full (unsharded, float32, CPU) model and AdamW state on rank 0, {} elsewhere.

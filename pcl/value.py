@@ -24,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from pcl.checkpoint import load_tensors
 from pcl.engines.base import check_prompts, left_pad, resolve_device, resolve_dtype
 from pcl.rl import value_loss
 
@@ -234,7 +235,7 @@ class ValueTrainer:
         torch.save({**self.state_dict(), "rng": torch.get_rng_state()}, directory / "trainer.pt")
 
     def load_checkpoint(self, directory: str | Path) -> None:
-        state = torch.load(Path(directory) / "trainer.pt", map_location=self.model.device, weights_only=False)
+        state = load_tensors(Path(directory) / "trainer.pt", map_location=self.model.device)
         self.load_state_dict(state)
         if "rng" in state:
             torch.set_rng_state(state["rng"].cpu())

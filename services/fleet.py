@@ -205,7 +205,7 @@ def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
     seed, run = cfg.run.seed, cfg.run.name
     gpu = cfg.rollout.num_gpus_per_worker > 0
     queue = dict(visibility_timeout_s=cfg.redis.visibility_timeout_s, max_deliveries=cfg.redis.max_deliveries)
-    h: dict = {"redis_url": redis_url, "policy_path": prep.policy_path}
+    h: dict = {"redis_url": redis_url, "policy_path": prep.policy_path, "value_path": prep.value_path}
     # The coordinator and the sampler live on the driver's node: they write the run directory beside the driver,
     # and losing them is losing the run's driver node anyway (the rest is placed by the resources it asks for).
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)

@@ -116,7 +116,7 @@ def _die_with_parent() -> None:
 
 
 class RedisHandle:
-    """A Redis server to talk to: `.url`, `.client()`, `.close()`, `.restart()`; a context manager.
+    """A Redis server to talk to: `.url`, `.client()`, `.close()`, `.restart()`, `.revive()`; a context manager.
 
     For an external server close() only closes clients; for the embedded one it also stops the process.
     """
@@ -158,6 +158,27 @@ class RedisHandle:
         time.sleep(downtime_s)
         self._process = _spawn(self.data_dir, int(urlsplit(self.tcp_url).port), self.appendonly,
                                urlsplit(self.url).path)
+
+    def exit_reason(self) -> str | None:
+        """Why the embedded server is gone (its exit status and the last lines of its log: on a full disk,
+        Redis exits on the AOF write error), or None while it runs (and always for an external server)."""
+        if self._process is None or self._process.poll() is None:
+            return None
+        log_file = self.data_dir / "redis.log"
+        lines = log_file.read_text(errors="replace").splitlines()[-3:] if log_file.is_file() else []
+        # A log line is "pid:role date time level message": the message is what names the cause.
+        tail = " | ".join(line.split(" * ", 1)[-1].split(" # ", 1)[-1].strip() for line in lines if line.strip())
+        return f"exit status {self._process.returncode}" + (f"; its log {log_file} ends: {tail[-400:]}" if tail else "")
+
+    def revive(self) -> str | None:
+        """Start the embedded server again if it has exited (same port, socket and data directory; with
+        appendonly on it loads every write it acknowledged, and clients reconnect); returns why it had exited,
+        or None when it was running. Raises RedisUnavailable when it does not come up."""
+        why = self.exit_reason()
+        if why is not None:
+            self._process = _spawn(self.data_dir, int(urlsplit(self.tcp_url).port), self.appendonly,
+                                   urlsplit(self.url).path)
+        return why
 
     def close(self) -> None:
         for client in self._clients:

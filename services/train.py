@@ -130,17 +130,21 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     for records in (suite or {}).values():
         answers.update({p.id: p.answer for p in records})
     if checkpoint is not None:
-        check_resumable(cfg, checkpoint, len(train))
+        check_resumable(cfg, checkpoint, train)
     return Prepared(out, policy, value, train, evals, answers, checkpoint, suite)
 
 
 # What a resumed run must share with the run that wrote its checkpoint (anything else may change on resume).
-RESUME_FIXED = ("run.name", "run.seed", "run.m", "run.n", "data.source", "selection.type", "model.path")
+RESUME_FIXED = ("run.name", "run.seed", "run.m", "run.n", "data.source", "data.revision", "selection.type",
+                "model.path")
 
 
-def check_resumable(cfg: Config, checkpoint: Path, num_prompts: int) -> None:
-    """A ConfigError naming each difference that makes `checkpoint` meaningless for `cfg`."""
+def check_resumable(cfg: Config, checkpoint: Path, train: list) -> None:
+    """A ConfigError naming each difference that makes `checkpoint` meaningless for `cfg` and its training
+    set `train` (the prompt count, and the data fingerprint of ids, questions and answers in order)."""
     import yaml
+
+    from pcl.fingerprint import data_fingerprint, fingerprint_differences
 
     saved = yaml.safe_load((checkpoint / "config.yaml").read_text())
     now = cfg.model_dump(mode="json")
@@ -151,9 +155,12 @@ def check_resumable(cfg: Config, checkpoint: Path, num_prompts: int) -> None:
             problems.append(f"{key} is {now[section][name]!r}; the checkpoint's run had "
                             f"{saved.get(section, {}).get(name)!r}")
     state = json.loads((checkpoint / "state.json").read_text())
-    if state["sampler"]["num_prompts"] != num_prompts:
-        problems.append(f"the training set has {num_prompts} usable prompts; the checkpoint's had "
+    if state["sampler"]["num_prompts"] != len(train):
+        problems.append(f"the training set has {len(train)} usable prompts; the checkpoint's had "
                         f"{state['sampler']['num_prompts']} (the data changed)")
+    elif "data" in state["sampler"]:  # checkpoints written before the fingerprint: the count only
+        problems += [f"{why} (the data changed)" for why in
+                     fingerprint_differences(state["sampler"]["data"], data_fingerprint(train))]
     if problems:
         raise ConfigError(f"cannot resume from {checkpoint}:\n  " + "\n  ".join(problems))
 
@@ -175,9 +182,9 @@ def start_ray() -> bool:
     return True
 
 
-def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: int = 0) -> dict:
+def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: int = 0, tick=None) -> dict:
     """Print each new metrics line as the coordinator writes it (after the first `seen`), with a progress bar,
-    until it finishes."""
+    until it finishes; `tick()`, when given, is called every second (the driver's watch on its Redis)."""
     stream = stream or sys.stdout  # looked up now: sys.stdout may have been replaced since import
     import ray
     from tqdm import tqdm
@@ -190,6 +197,8 @@ def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: 
                disable=not sys.stderr.isatty())
     try:
         while result is None:
+            if tick is not None:
+                tick()
             done, _ = ray.wait([coordinator_ref], timeout=1.0)
             if done:
                 result = ray.get(coordinator_ref)
@@ -228,6 +237,30 @@ def recoverable(exc: BaseException) -> bool:
     return False
 
 
+class EmbeddedRedisKeeper:
+    """The driver's watch on its embedded Redis: started again in place when it exits (a full disk makes Redis
+    exit on its AOF write error; an OOM kill), at most `limit` times; clients reconnect within their backoff.
+    Called every second while the run goes, and before each start of the fleet."""
+
+    def __init__(self, handle, limit: int):
+        self.handle, self.limit, self.restarts = handle, limit, 0
+
+    def __call__(self) -> None:
+        from services.redis_server import RedisUnavailable
+
+        why = self.handle.exit_reason() if self.handle.embedded else None
+        if why is None:
+            return
+        if self.restarts >= self.limit:
+            raise RedisUnavailable(f"the embedded Redis exited again ({why}) after {self.restarts} restarts "
+                                   f"(checkpoint.max_restarts); on a full disk, free space under "
+                                   f"{self.handle.data_dir}, then resume")
+        self.restarts += 1
+        print(f"pcl: the embedded Redis exited ({why}); restarting it (restart {self.restarts} of {self.limit})",
+              file=sys.stderr, flush=True)
+        self.handle.revive()
+
+
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[-1][:200] if text else ''}"
@@ -248,6 +281,8 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     print(f"pcl: run dir {prep.run_dir}  policy {prep.policy_path}  strategy {cfg.selection.type}  "
           f"m={cfg.run.m} n={cfg.run.n}  {len(prep.train_prompts)} train / {len(prep.eval_prompts)} eval prompts",
           flush=True)
+    for partial in ckpt.remove_partial(prep.run_dir / "checkpoints"):  # one driver per run dir: none is ours
+        print(f"pcl: removed {partial}, a partial checkpoint of an interrupted write", flush=True)
     redis = open_redis(cfg.redis, prep.run_dir / "redis")
     if redis.embedded and os.environ.get("RAY_ADDRESS"):
         print("pcl: warning: no redis.url / REDIS_URL with a Ray cluster: the embedded Redis listens on this host "
@@ -263,7 +298,9 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
         control = DriverControl(cfg, redis.url, prep.run_dir, k_max=len(prep.train_prompts) // cfg.run.m,
                                 fresh=resume is None, tools_url=redis.tcp_url, snapshot=snapshot)
         own_ray = start_ray()
+        keep_redis = EmbeddedRedisKeeper(redis, cfg.checkpoint.max_restarts)
         while True:
+            keep_redis()
             purge_streams(redis.url, cfg.run.name)  # nothing in flight from an earlier attempt is collected
             fleet = start_fleet(cfg, prep, redis.url)
             try:
@@ -275,7 +312,8 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
                     MetricsLog(prep.run_dir, SELECTIONS_FILE).truncate_after(-1)
                 print(f"pcl: actors up in {time.perf_counter() - started:.1f}s; training", flush=True)
                 done = len(read_metrics(prep.run_dir / METRICS_FILE)) if (prep.run_dir / METRICS_FILE).exists() else 0
-                summary = follow(fleet.coordinator.run.remote(), prep.run_dir, cfg.run.steps, seen=done)
+                summary = follow(fleet.coordinator.run.remote(), prep.run_dir, cfg.run.steps, seen=done,
+                                 tick=keep_redis)
                 break
             except Exception as exc:
                 if not recoverable(exc) or restarts >= cfg.checkpoint.max_restarts:
@@ -288,6 +326,7 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
                 fleet.stop()
                 fleet = None
         summary["restarts"] = restarts
+        summary["redis_restarts"] = keep_redis.restarts
         summary["total_seconds"] = time.perf_counter() - started
         (prep.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         print(f"pcl: done: {summary['steps']} steps in {summary['total_seconds']:.0f}s; "

@@ -232,3 +232,27 @@ def test_resume_with_a_config_that_does_not_fit_the_checkpoint(tiny, tmp_path):
     assert_clear_failure(result, "cannot resume from", "run.seed is 0; the checkpoint's run had 5",
                          "run.m is 64; the checkpoint's run had 32",
                          "4096 usable prompts; the checkpoint's had 999", one_line=False, limit_s=LOADED_S)
+
+
+def test_resume_on_data_edited_at_the_same_size_is_refused(tiny, tmp_path):
+    """A checkpoint's data fingerprint against the training set now: an edited answer is named (the real run
+    that writes the checkpoint is in tests/actors/test_checkpoint_resume.py)."""
+    from pcl import checkpoint as ckpt
+    from pcl.config import dump_config, load_config
+    from pcl.data import load_prompts, load_rows
+    from pcl.fingerprint import data_fingerprint
+
+    rows, data = load_rows("tiny", size=80), tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = load_config(str(REPO / "configs/tiny.yaml"), [f"data.source={data}"])
+    saved = data_fingerprint(load_prompts(cfg.data)[0])
+    run = tmp_path / "run"
+    tmp = ckpt.begin(run / "checkpoints", 4)
+    (tmp / "config.yaml").write_text(dump_config(cfg))
+    sampler = {"num_prompts": len(rows), "seed": 0, "epoch": 0, "cursor": 8, "data": saved}
+    (tmp / "state.json").write_text(json.dumps({"sampler": sampler}))
+    ckpt.commit(tmp, run / "checkpoints", 4)
+    rows[5]["answer"] += "0"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = train(f"data.source={data}", "--run-dir", str(run), "--resume")
+    assert_clear_failure(result, "cannot resume from", "the gold answers differ", one_line=False, limit_s=LOADED_S)

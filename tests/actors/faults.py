@@ -52,6 +52,19 @@ def actor_pids(class_name: str) -> list[int]:
     return sorted(pids)
 
 
+def embedded_redis_pid(data_dir: Path) -> int:
+    """PID of the redis-server working in `data_dir` (the run's embedded Redis: it changes its process title,
+    but it works in its `dir`)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            title = (entry / "cmdline").read_bytes().split(b" ")[0] if entry.name.isdigit() else b""
+            if title.endswith(b"redis-server") and os.readlink(entry / "cwd") == str(data_dir.resolve()):
+                return int(entry.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no redis-server running in {data_dir}")
+
+
 def sigkill(class_name: str, index: int = 0) -> int:
     pids = actor_pids(class_name)
     assert pids and -len(pids) <= index < len(pids), f"no live {class_name} process #{index} (found {pids})"

@@ -33,7 +33,7 @@ def pcl_train(run_dir: Path, *extra: str, **kwargs):
 
 def final_weights(run_dir: Path) -> dict:
     ckpt = run_dir / "checkpoints" / f"step-{2 * T:06d}"
-    return torch.load(ckpt / "learner.pt", map_location="cpu", weights_only=False)["model"]
+    return torch.load(ckpt / "learner.pt", map_location="cpu", weights_only=True)["model"]
 
 
 def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tmp_path):
@@ -77,7 +77,7 @@ def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tmp_path):
     worst = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
     assert worst <= 1e-6, worst
     first = final_weights(straight)  # and training did move the weights: the comparison is not vacuous
-    initial = torch.load(straight / "checkpoints" / f"step-{T:06d}" / "learner.pt", weights_only=False)["model"]
+    initial = torch.load(straight / "checkpoints" / f"step-{T:06d}" / "learner.pt", weights_only=True)["model"]
     assert max((first[k] - initial[k]).abs().max().item() for k in first) > 1e-6
     # The checkpoint's policy/ is a Hugging Face model holding exactly the learner's weights.
     from transformers import AutoModelForCausalLM
@@ -89,3 +89,41 @@ def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tmp_path):
     straight_records = assert_each_step_once_and_exact_batches(straight, 2 * T)
     assert [r["train_reward_mean"] for r in records] == [r["train_reward_mean"] for r in straight_records]
     assert M * N == records[0]["batch_samples"]
+
+
+def test_resume_on_a_dataset_edited_or_reordered_at_the_same_size_is_refused(tmp_path):
+    """The checkpoint holds the fingerprint of the training set (ids, questions, answers, in order): one answer
+    edited, or two rows swapped, at the same size, is refused by name before any actor starts; the same file
+    resumes."""
+    from pcl.data import load_rows
+    from pcl.tiny.build import build_tiny
+
+    build_tiny(seed=0)
+    rows = load_rows("tiny", size=64)
+    data, run_dir = tmp_path / "train.jsonl", tmp_path / "run"
+
+    def write(rows: list[dict]) -> None:
+        data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    def train(*extra: str) -> subprocess.CompletedProcess:
+        args = [sys.executable, "-m", "services.cli", "train", "configs/tiny.yaml", *FAST, f"data.source={data}",
+                "run.steps=1", "checkpoint.every=1", "--run-dir", str(run_dir), *extra]
+        return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+    write(rows)
+    first = train()
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    edited = [dict(row) for row in rows]
+    edited[17]["answer"] = str(int(edited[17]["answer"]) + 1)
+    swapped = [rows[1], rows[0], *rows[2:]]
+    for changed, needle in [(edited, "the gold answers differ"),
+                            (swapped, "the same 64 prompts and answers in another order")]:
+        write(changed)
+        refused = train("--resume")
+        assert refused.returncode == 2, (refused.stdout + refused.stderr)[-3000:]
+        assert "cannot resume from" in refused.stderr and needle in refused.stderr, refused.stderr[-3000:]
+        assert "actors up" not in refused.stdout  # refused before any actor started
+    write(rows)
+    same = train("--resume")
+    assert same.returncode == 0, (same.stdout + same.stderr)[-3000:]
+    assert "restored step 1" in same.stdout

@@ -18,7 +18,7 @@ import pytest
 
 from pcl.config import load_config
 from tests.actors.faults import (FAST, TrainingThread, assert_each_step_once_and_exact_batches, checkpoint_written,
-                                 sigkill, steps_logged, wait_until)
+                                 embedded_redis_pid, sigkill, steps_logged, wait_until)
 
 pytestmark = [pytest.mark.ray, pytest.mark.redis, pytest.mark.slow]
 STEPS = 6
@@ -93,4 +93,41 @@ def test_redis_killed_and_restarted_mid_run(ray_session, tmp_path):
         mid_step_3(thread)
         redis.restart(kill=True, downtime_s=2.0)
         summary = finish(thread)
+    assert summary["steps"] == STEPS
+
+
+def test_the_embedded_redis_exiting_mid_run_is_restarted_by_the_driver(ray_session, tmp_path):
+    """The driver's own Redis (no redis.url) killed mid-step, as a full disk (Redis exits on its AOF write error)
+    or the OOM killer would: the driver starts it again on its data directory and the run goes on."""
+    import os
+    import signal
+
+    thread = start(tmp_path)
+    mid_step_3(thread)
+    os.kill(embedded_redis_pid(thread.run_dir / "redis"), signal.SIGKILL)
+    summary = finish(thread)
+    assert summary["redis_restarts"] == 1 and summary["steps"] == STEPS
+
+
+def test_a_checkpoint_that_does_not_fit_fails_clearly_leaves_nothing_partial_and_resumes(ray_session, tmp_path):
+    """checkpoints/ on a real 40 MiB filesystem: the tiny run's checkpoint (about 27 MB) at step 2 fits, the one at
+    step 4 does not. The run stops with an error naming the directory and the bytes needed, no `.tmp-*` is left,
+    step 2 stays intact, and once space is freed the run resumes from it to the end."""
+    from tests.small_disk import remount, tmpfs
+
+    root = tmp_path / "run" / "checkpoints"
+    with tmpfs(root, size="40m"):
+        thread = start(tmp_path)
+        thread.join(600)
+        assert not thread.is_alive(), "the run did not finish"
+        message = str(thread.result)
+        assert f"checkpoint at step 4: not enough free space in {root}" in message, message[-2000:]
+        assert "bytes) needed (the size of step-000002, plus 5%)" in message, message[-2000:]
+        assert sorted(p.name for p in root.iterdir()) == ["step-000002"]  # no partial checkpoint left
+        remount(root, "200m")  # space freed
+        cfg = load_config("configs/tiny.yaml", [*FAST, f"run.steps={STEPS}", "checkpoint.every=2",
+                                                "rollout.max_in_flight=1"])
+        resumed = TrainingThread(cfg, tmp_path / "run", resume="")
+        resumed.start()
+        summary = finish(resumed)
     assert summary["steps"] == STEPS

@@ -103,15 +103,51 @@ def _run_resume(model_dir: str, out: Path, rank: int, world_size: int, device: s
     a.train_step(first, STEP_COUNT)
     state, weights = a.state_dict(), a.full_state_dict()
     kept, kept_weights = copy.deepcopy(state), copy.deepcopy(weights)
+    checkpoint = out / f"checkpoint-{world_size}"  # through files, as a restart goes (torch.load weights_only)
+    a.save_checkpoint(str(checkpoint))
+    rng = torch.get_rng_state()
     a.train_step(second, NEXT_COUNT)
     after_a = a.full_state_dict()
     b = _learner(model_dir, rank, world_size, device)
-    b.load_state_dict(state if rank == 0 else {})
+    torch.manual_seed(1234)  # B's RNG must come from the checkpoint
+    b.load_checkpoint(str(checkpoint))
+    rng_restored = torch.equal(torch.get_rng_state(), rng)
     unchanged = _same_tree(kept, state)
     b.train_step(second, NEXT_COUNT)
-    stats = {"steps_in_checkpoint": state.get("steps"), "state_keys": sorted(state),
+    stats = {"steps_in_checkpoint": state.get("steps"), "state_keys": sorted(state), "rng_restored": rng_restored,
              "caller_state_unchanged": unchanged, "weights_unchanged": _same_tree(kept_weights, weights)}
     _save(out, "resume", rank, stats, {"a": after_a, "b": b.full_state_dict()})
+
+
+class PlantedCode:
+    """Pickles to a call of os.system: what a planted checkpoint file would run when unpickled."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def _run_planted(model_dir: str, out: Path, rank: int, world_size: int, device: str) -> None:
+    """One rank: a checkpoint whose learner.pt, then whose RNG file, is a pickle that runs code when loaded."""
+    import shutil
+
+    learner = _learner(model_dir, rank, world_size, device)
+    good = out / "planted-good"
+    learner.save_checkpoint(str(good))
+    stats = {}
+    for name in ("learner.pt", f"learner-rng-{rank}.pt"):
+        bad, marker = out / f"planted-{name}", out / f"ran-{name}"
+        shutil.copytree(good, bad)
+        torch.save(PlantedCode(marker), bad / name)
+        try:
+            learner.load_checkpoint(str(bad))
+            message = None
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            message = f"{type(exc).__name__}: {exc}"
+        stats[name] = {"message": message, "code_ran": marker.exists()}
+    _save(out, "planted", rank, stats)
 
 
 def _run_unsharded(model_dir: str, out: Path, rank: int, world_size: int, device: str) -> None:
@@ -150,6 +186,8 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_dir: s
         for name in scenarios:
             if name == "resume":
                 _run_resume(model_dir, Path(out_dir), rank, world_size, device)
+            elif name == "planted":
+                _run_planted(model_dir, Path(out_dir), rank, world_size, device)
             elif name == "bad":
                 _run_bad_share(model_dir, Path(out_dir), rank, world_size, device)
             elif name == "unsharded":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 
@@ -85,3 +86,83 @@ def test_write_json_is_atomic_and_leaves_no_temporary(tmp_path):
     ckpt.write_json(tmp_path / "a.json", {"x": 2})
     assert json.loads((tmp_path / "a.json").read_text()) == {"x": 2}
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def write_parts(tmp, size: int) -> None:
+    """What the parts of a checkpoint do: a small JSON file, then a large tensor file."""
+    import torch
+
+    ckpt.write_json(tmp / "state.json", {"step": 1})
+    torch.save({"model": torch.zeros(size // 4, dtype=torch.float32)}, tmp / "learner.pt")
+
+
+def test_a_write_that_fills_the_disk_leaves_no_partial_checkpoint(tmp_path):
+    from tests.small_disk import tmpfs
+
+    with tmpfs(tmp_path / "disk", size="1m") as disk:
+        root = disk / "checkpoints"
+        with ckpt.writing(root, 1) as tmp:
+            write_parts(tmp, 300_000)
+            first = ckpt.commit(tmp, root, 1)
+        # A real ENOSPC from the filesystem, which torch.save reports as a RuntimeError (an iostream error).
+        with pytest.raises((OSError, RuntimeError)), ckpt.writing(root, 2) as tmp:
+            write_parts(tmp, 2_000_000)
+            ckpt.commit(tmp, root, 2)
+        assert sorted(p.name for p in root.iterdir()) == ["step-000001"]  # no .tmp-*, the earlier one intact
+        assert ckpt.latest(root) == first and ckpt.is_complete(first)
+
+
+def test_a_failed_write_is_removed_injected_enospc(tmp_path, monkeypatch):
+    import torch
+
+    root = tmp_path / "checkpoints"
+    write(root, 1)
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(OSError, match="No space left"), ckpt.writing(root, 2) as tmp:
+        write_parts(tmp, 1000)
+    assert sorted(p.name for p in root.iterdir()) == ["step-000001"]
+
+
+def test_free_space_is_checked_before_a_checkpoint_naming_the_directory_and_the_bytes(tmp_path):
+    from tests.small_disk import tmpfs
+
+    with tmpfs(tmp_path / "disk", size="1m") as disk:
+        root = disk / "checkpoints"
+        assert ckpt.check_free_space(root, 1, estimate=0) == 0  # nothing to go by: no check
+        with pytest.raises(ckpt.CheckpointSpaceError) as refused:  # the first checkpoint: the state's estimate
+            ckpt.check_free_space(root, 1, estimate=2_000_000)
+        assert refused.value.errno == errno.ENOSPC
+        assert f"checkpoint at step 1: not enough free space in {root}: 2.0 MiB (2100000 bytes) needed" in str(
+            refused.value)
+        with ckpt.writing(root, 1) as tmp:
+            write_parts(tmp, 600_000)
+            ckpt.commit(tmp, root, 1)
+        recorded = json.loads((root / "step-000001" / ckpt.COMPLETE).read_text())["bytes"]
+        assert recorded == ckpt.tree_bytes(root / "step-000001") - len(
+            (root / "step-000001" / ckpt.COMPLETE).read_bytes())  # COMPLETE itself is written after the count
+        # The next one would not fit beside it: refused before anything is written, whatever the estimate.
+        with pytest.raises(ckpt.CheckpointSpaceError, match=r"the size of step-000001, plus 5%\), .* free"):
+            ckpt.check_free_space(root, 2, estimate=0)
+        assert sorted(p.name for p in root.iterdir()) == ["step-000001"]
+    # On a roomy disk the same checkpoint passes.
+    assert ckpt.check_free_space(tmp_path / "roomy", 1, estimate=1000) == 1050
+
+
+def test_partial_checkpoints_are_removed_at_start_whoever_left_them(tmp_path):
+    root = tmp_path / "checkpoints"
+    write(root, 1)
+    left = write(root, 2, complete=False)
+    reused = root / ".tmp-step-000003-1"  # pid 1 is alive: a reused pid, not the writer; prune keeps it
+    reused.mkdir()
+    ckpt.prune(root, keep=5)
+    assert reused.exists()
+    aside = write(root, 4)  # a crash between commit's two renames: step-000004 renamed aside, no new one
+    os.replace(aside, root / ".old-step-000004-999999")
+    removed = ckpt.remove_partial(root)
+    assert sorted(p.name for p in removed) == sorted([left.name, reused.name])
+    assert [p.name for p in ckpt.complete_checkpoints(root)] == ["step-000001", "step-000004"]
+    assert sorted(p.name for p in root.iterdir()) == ["step-000001", "step-000004"]

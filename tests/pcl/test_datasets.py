@@ -135,3 +135,24 @@ def test_olympiadbench_is_read_from_the_hub_with_its_configuration(monkeypatch):
     records, _ = load_prompts(DataConfig(source="olympiadbench", template="plain"))
     assert calls == [("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train")]
     assert (records[0].id, records[0].answer) == ("1", ["2"])
+
+
+def test_data_revision_pins_the_hub_read_and_is_named_in_errors(monkeypatch):
+    datasets = _offline(monkeypatch)
+    calls = []
+
+    def load_dataset(name, config=None, split=None, **kwargs):
+        calls.append((name, config, split, kwargs))
+        if kwargs.get("revision") == "no-such-rev":
+            raise FileNotFoundError("revision not found")
+        return [{"problem": "1+1", "answer": "2"}]
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    load_prompts(DataConfig(source="deepscaler", template="plain", revision="0123abcd"))
+    load_prompts(DataConfig(source="some-org/some-set", template="plain", revision="v1.0"))
+    load_prompts(DataConfig(source="some-org/some-set", template="plain"))  # unpinned: the hub's newest
+    assert calls == [("agentica-org/DeepScaleR-Preview-Dataset", None, "train", {"revision": "0123abcd"}),
+                     ("some-org/some-set", None, "train", {"revision": "v1.0"}),
+                     ("some-org/some-set", None, "train", {})]
+    with pytest.raises(ConfigError, match=r"'some-org/some-set'.*\(revision 'no-such-rev'\)"):
+        load_prompts(DataConfig(source="some-org/some-set", template="plain", revision="no-such-rev"))

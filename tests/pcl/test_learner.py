@@ -61,7 +61,7 @@ def two_ranks(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def one_rank(tiny_model_dir, tmp_path_factory):
     return worker.run_ranks(1, tiny_model_dir, tmp_path_factory.mktemp("learner_1"),
-                            ["mbs1", "mbs4", "resume"])
+                            ["mbs1", "mbs4", "resume", "planted"])
 
 
 @pytest.fixture(scope="module")
@@ -182,10 +182,19 @@ def test_checkpoint_resume_reproduces_the_next_step(world_size, one_rank, two_ra
     # Returned states are snapshots: neither loading them nor training on writes into them (on one rank
     # there is nothing to gather, so this needs copies).
     assert stats["caller_state_unchanged"] and stats["weights_unchanged"]
+    assert stats["rng_restored"]  # learner-rng-<r>.pt, read with torch.load(weights_only=True)
     if world_size == 2:
         assert _stats(out, "resume", 1)["state_keys"] == []  # only rank 0 holds the full state
     both = _weights(out, "resume")
     assert _max_diff(both["a"], both["b"]) < 1e-6
+
+
+@pytest.mark.parametrize("name", ["learner.pt", "learner-rng-0.pt"])
+def test_a_planted_pickle_in_a_checkpoint_is_refused_and_runs_nothing(name, one_rank):
+    result = _stats(one_rank, "planted", 0)[name]
+    assert not result["code_ran"], "loading the checkpoint ran the planted code"
+    assert result["message"] is not None and result["message"].startswith("CheckpointError: "), result
+    assert f"planted-{name}/{name}: refused" in result["message"] and "could run code" in result["message"]
 
 
 def test_keeping_gathered_weights_through_the_step_gives_the_same_updates(two_ranks):

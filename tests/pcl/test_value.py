@@ -137,6 +137,40 @@ def test_trainer_state_dict_round_trip_includes_the_optimizer(tiny_model_dir):
     np.testing.assert_array_equal(restored.score(PROMPTS), original.score(PROMPTS))
 
 
+def test_checkpoint_files_load_tensors_only_with_the_optimizer_and_rng(tiny_model_dir, tmp_path):
+    original = ValueTrainer(ValueModel.from_pretrained(tiny_model_dir), lr=3e-3, batch_size=4)
+    original.train_step(PROMPTS, TARGETS)
+    original.save_checkpoint(tmp_path / "value")
+    rng = torch.get_rng_state()
+    torch.manual_seed(99)
+    restored = ValueTrainer(ValueModel.from_pretrained(tiny_model_dir), lr=3e-3, batch_size=4)
+    restored.load_checkpoint(tmp_path / "value")  # torch.load(weights_only=True)
+    assert torch.equal(torch.get_rng_state(), rng) and restored.steps == 1
+    assert restored.train_step(PROMPTS, TARGETS) == original.train_step(PROMPTS, TARGETS)  # AdamW came along
+
+
+class PlantedCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):  # unpickling runs os.system
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_planted_pickle_as_trainer_pt_is_refused_and_runs_nothing(value_model, tmp_path):
+    trainer = ValueTrainer(value_model, lr=3e-3, batch_size=4)
+    trainer.save_checkpoint(tmp_path / "value")
+    marker = tmp_path / "ran"
+    torch.save(PlantedCode(marker), tmp_path / "value" / "trainer.pt")
+    with pytest.raises(Exception) as refused:
+        trainer.load_checkpoint(tmp_path / "value")
+    assert not marker.exists(), "loading the checkpoint ran the planted code"
+    assert type(refused.value).__name__ == "CheckpointError"
+    assert "value/trainer.pt: refused: " in str(refused.value) and "could run code" in str(refused.value)
+
+
 def test_save_pretrained_and_reload(value_model, tmp_path):
     randomise_head(value_model, seed=3)
     value_model.save_pretrained(tmp_path / "value")

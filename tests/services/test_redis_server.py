@@ -98,3 +98,31 @@ def test_url_forms():
 def test_restart_refuses_an_external_server(redis_url):
     with pytest.raises(RuntimeError, match="embedded"):
         connect(redis_url).restart()
+
+
+def test_an_embedded_server_that_exits_on_a_full_disk_is_revived_with_its_data(tmp_path):
+    import redis
+
+    from tests.small_disk import remount, tmpfs
+
+    with tmpfs(tmp_path / "disk", size="1m") as disk, start_embedded(disk / "redis", appendonly=True) as handle:
+        client = handle.client()
+        assert handle.exit_reason() is None and handle.revive() is None  # running: nothing to do
+        acknowledged = 0
+        with pytest.raises(redis.RedisError):  # Redis exits on the AOF write error (appendfsync always)
+            for i in range(100):
+                client.set(f"k{i}", b"x" * 65536)
+                acknowledged = i + 1
+        assert 0 < acknowledged < 16
+        pid = handle._process.pid
+        handle._process.wait(timeout=10)
+        why = handle.exit_reason()
+        assert why is not None and why.startswith("exit status 1"), why
+        assert "AOF write error" in why, why  # the cause, from the server's log
+        remount(disk, "8m")  # space freed
+        assert handle.revive() == why
+        assert handle.pid not in (None, pid) and handle.exit_reason() is None
+        for i in range(acknowledged):  # every write Redis acknowledged is back
+            assert client.get(f"k{i}") == b"x" * 65536
+        client.set("after", b"1")
+        assert client.get("after") == b"1"
