@@ -203,8 +203,9 @@ class WorkQueue:
         deliveries = []
         for raw_id, fields, count in entries:
             entry_id = raw_id.decode()
-            if entry_id in self._held:
-                continue  # reclaimed our own slow entry: we are still working on it
+            # An entry of our own held past the visibility timeout was lost by its caller (an error between
+            # take and ack): it is delivered again like any reclaimed entry, so a held id never blocks for good.
+            self._held.discard(entry_id)
             payload = fields.get(PAYLOAD_FIELD, b"")
             if count > self.max_deliveries:
                 self._dead_letter(entry_id, payload, count, f"abandoned: delivered {count - 1} times without "
@@ -251,6 +252,21 @@ class WorkQueue:
             self._retry("XCLAIM", lambda: self.client.xclaim(
                 self.stream, self.group, self.consumer, 0, ids, idle=self.visibility_ms, justid=True))
             self._held.difference_update(ids)
+
+    def release_held(self) -> int:
+        """Hand back every delivery held (processing failed between take and ack/forward): any consumer's next
+        take() may reclaim them at once, with their delivery counts kept. When Redis does not answer they are
+        only forgotten here, and come back after the visibility timeout. Returns how many were held."""
+        ids = sorted(self._held, key=_id_key)
+        self._held.clear()
+        if ids:
+            try:
+                self.client.xclaim(self.stream, self.group, self.consumer, 0, ids, idle=self.visibility_ms,
+                                   justid=True)
+            except redis.RedisError as exc:
+                log.warning("%s: could not hand back %d entries (%s); they are reclaimed after the visibility "
+                            "timeout", self.stream, len(ids), exc)
+        return len(ids)
 
     def fail(self, delivery: Delivery, error: BaseException | str) -> bool:
         """Processing failed: retry the entry, or dead-letter it after max_deliveries; a group is split
