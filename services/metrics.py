@@ -24,7 +24,7 @@ from services.control_state import ControlStore
 HISTOGRAM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)  # seconds
 HISTOGRAMS = ("generation_seconds", "selection_seconds", "step_seconds", "weight_sync_seconds")
 # Cumulative counts the step record carries (per coordinator process); totals accumulate their increments.
-COUNTERS = ("samples_total", "generated_tokens_total", "verifier_timeouts_total")
+COUNTERS = ("samples_total", "generated_tokens_total", "verifier_timeouts_total", "verifier_errors_total")
 
 # Every metric: name -> (type, help).
 METRICS: dict[str, tuple[str, str]] = {
@@ -51,6 +51,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "pcl_verifier_timeouts_total": (
         "counter",
         "Samples whose math-verify check hit the hard timeout (reward 0).",
+    ),
+    "pcl_verifier_errors_total": (
+        "counter",
+        "Samples the verifier could not score (a worker error on two workers, or a worker's death): reward 0.",
     ),
     "pcl_generation_seconds": ("histogram", "Seconds per step generating and verifying the rollouts."),
     "pcl_selection_seconds": ("histogram", "Seconds per step sampling, scoring and selecting prompts."),

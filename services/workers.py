@@ -138,8 +138,9 @@ class VerifierService:
             self.counts["truncated"] += 1
             return RewardNote.of(result, entry_id, position, 0.0, 0.0, False)
         self.counts["timeouts"] += int(outcome.timed_out)
+        self.counts["errors"] += int(outcome.error is not None)
         return RewardNote.of(result, entry_id, position, float(outcome.reward), outcome.seconds,
-                             bool(outcome.timed_out))
+                             bool(outcome.timed_out), outcome.error is not None)
 
 
 def serve_forever(service, stop: threading.Event, name: str, idle_block_ms: int = 200,
