@@ -203,6 +203,8 @@ class RedisConfig(Section):
     max_deliveries: int = Field(3, ge=1, description="A record that fails this often goes to the dead-letter stream.")
     block_ms: int = Field(200, ge=1, description="Blocking read timeout.")
     appendonly: bool = Field(True, description="AOF persistence for the embedded server.")
+    maxmemory_mb: int | None = Field(None, ge=0, description="maxmemory of the embedded server (noeviction: a full "
+                                     "server makes writers wait); a quarter of the machine's memory when unset; 0: none.")
 
 
 class ControlConfig(Section):

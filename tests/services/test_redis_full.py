@@ -15,11 +15,15 @@ import time
 
 import pytest
 import redis
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pcl.engines.hf import HFEngine
 from services.payloads import RolloutRequest, SamplingParams, pack_tokens
+from services.control_state import ControlStore
+from services.metrics import metrics_registry
 from services.queues import QueueUnavailable, RedisFull, WorkQueue, stream_key
-from services.redis_server import start_embedded
+from services.redis_server import default_maxmemory, make_client, start_embedded
 from services.workers import RolloutService, serve_forever
 
 pytestmark = pytest.mark.redis
@@ -27,9 +31,14 @@ FILLER = "filler"
 
 
 @pytest.fixture
-def client(tmp_path):
-    with start_embedded(tmp_path / "redis", appendonly=False) as handle:
-        yield handle.client()
+def handle(tmp_path):
+    with start_embedded(tmp_path / "redis", appendonly=False) as server:
+        yield server
+
+
+@pytest.fixture
+def client(handle):
+    return handle.client()
 
 
 def fill(client: redis.Redis) -> None:
@@ -85,6 +94,9 @@ def test_a_full_redis_pauses_generation_and_it_resumes_when_memory_frees(client,
             while len(got) < 4 and time.monotonic() < deadline:
                 got += [r for d in reader.take(100) for r in d.records]
             assert sorted((r.prompt_id, r.sample_index) for r in got) == [("p0", 0), ("p0", 1), ("p1", 0), ("p1", 1)]
+            deadline = time.monotonic() + 5  # the worker forgets what it held just after its write returns
+            while (requests.depth() or requests.in_flight) and time.monotonic() < deadline:
+                time.sleep(0.05)
             assert requests.depth() == 0 and requests.in_flight == 0
             assert requests.full_waits == 1 and requests.full_seconds >= 3.5  # the wait is reported
             assert any("Redis has memory again" in r.getMessage() for r in caplog.records)
@@ -122,3 +134,31 @@ def test_dead_letter_streams_are_capped_by_bytes(client):
     newest = client.xrevrange(queue.dead_stream, count=1)[0][1]
     last = client.xrevrange(queue.stream, count=1)[0][0]
     assert newest[b"entry_id"] == last  # the oldest went first
+
+
+def test_a_full_redis_shows_in_the_metrics(handle, client):
+    store = ControlStore(make_client(handle.url, decode_responses=True), "full")
+
+    def memory() -> tuple[float, float]:
+        text = generate_latest(metrics_registry(store)).decode()
+        values = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+        return values["pcl_redis_memory_used_bytes"], values["pcl_redis_memory_max_bytes"]
+
+    used, limit = memory()
+    assert 0 < used < limit  # the embedded server's default maxmemory
+    fill(client)
+    used, limit = memory()
+    assert 0 < limit <= used
+    free(client)
+    used, limit = memory()
+    assert used < limit
+    store.client.close()
+
+
+def test_the_embedded_server_has_a_maxmemory_and_keeps_it_across_restarts(tmp_path, handle):
+    assert int(handle.client().config_get("maxmemory")["maxmemory"]) == default_maxmemory() > 0
+    with start_embedded(tmp_path / "small", appendonly=False, maxmemory_mb=64) as small:
+        assert small.client().config_get("maxmemory") == {"maxmemory": str(64 * 2**20)}
+        assert small.client().config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        small.restart()
+        assert small.client().config_get("maxmemory") == {"maxmemory": str(64 * 2**20)}
