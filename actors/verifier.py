@@ -18,7 +18,8 @@ from actors.runtime import init_actor_process
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class RewardVerifier:
     def __init__(self, redis_url: str, run: str, answers: dict | None, worker_id: int, processes: int,
-                 timeout_s: float, visibility_timeout_s: float = 30.0, max_deliveries: int = 3):
+                 timeout_s: float, visibility_timeout_s: float = 30.0, max_deliveries: int = 3,
+                 max_tasks_per_worker: int | None = 1000):
         """answers: gold answer by prompt id; None reads the run's answers from Redis
         (`services.fleet.publish_answers`), which is how the fleet starts them: a restarted verifier finds
         them there whatever became of its creator."""
@@ -29,7 +30,7 @@ class RewardVerifier:
         from services.redis_server import make_client
         from services.workers import VerifierService, serve_forever
 
-        self.pool = RewardPool(processes=processes, timeout_s=timeout_s)
+        self.pool = RewardPool(processes=processes, timeout_s=timeout_s, max_tasks_per_worker=max_tasks_per_worker)
         client = make_client(redis_url)
         if answers is None:
             answers = read_answers(client, run)
@@ -43,7 +44,7 @@ class RewardVerifier:
         self.thread.start()
 
     def stats(self) -> dict[str, Any]:
-        return dict(self.service.counts)
+        return {**self.service.counts, **{f"pool_{key}": value for key, value in self.pool.stats().items()}}
 
     def shutdown(self) -> None:
         self.stop.set()

@@ -183,6 +183,10 @@ class VerifierConfig(Section):
     num_workers: int = Field(1, ge=1, description="Verifier workers (actors).")
     processes: int = Field(2, ge=1, description="Spawned math-verify processes per worker.")
     timeout_s: float = Field(5.0, gt=0, le=600, description="Hard per-sample timeout; a timeout is reward 0.")
+    max_tasks_per_worker: int | None = Field(1000, ge=1, description="Samples a math-verify process scores before "
+                                             "it is recycled (replaced by a fresh one); null: never.")
+    max_error_share: float = Field(0.1, ge=0, le=1, description="A step whose share of rewards that are verifier "
+                                   "errors (not verdicts) exceeds this fails instead of training on their zeros.")
     resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each verifier worker needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
 
 
@@ -204,6 +208,8 @@ class RedisConfig(Section):
     max_deliveries: int = Field(3, ge=1, description="A record that fails this often goes to the dead-letter stream.")
     block_ms: int = Field(200, ge=1, description="Blocking read timeout.")
     appendonly: bool = Field(True, description="AOF persistence for the embedded server.")
+    maxmemory_mb: int | None = Field(None, ge=0, description="maxmemory of the embedded server (noeviction: a full "
+                                     "server makes writers wait); a quarter of the machine's memory when unset; 0: none.")
 
 
 class ControlConfig(Section):

@@ -11,7 +11,10 @@ samples (one message, to cut IPC), gets one result message per sample back, and 
 worker's current sample started. A sample that runs past `timeout_s` scores 0 with `timed_out=True`; a
 worker that dies (os._exit, a C-level abort, the memory cap) scores its current sample 0 with an `error`.
 Either way the worker is killed, reaped and replaced, and the rest of its chunk goes back to the queue
-front. `concurrent.futures.ProcessPoolExecutor` cannot do this: it cannot cancel a running task, and a
+front. A worker that reports an error (MemoryError, RecursionError: a worker at its memory cap fails every
+sample it gets) is replaced too, and the sample is scored once more on a fresh worker: only a sample that fails
+there as well scores 0 with its `error`. Workers are also recycled (stopped politely, replaced) after
+`max_tasks_per_worker` samples, so no slow leak of sympy's caches accumulates. `concurrent.futures.ProcessPoolExecutor` cannot do this: it cannot cancel a running task, and a
 dead worker breaks the whole executor. A boxed plain number against plain-number golds never reaches a
 worker: `pcl.reward.numeric_verdict` settles it in the calling thread, in linear time and without sympy,
 which is cheaper than the round trip.
@@ -26,7 +29,7 @@ import multiprocessing
 import socket
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -67,6 +70,7 @@ class _Job:
     response: Any
     golds: tuple[str, ...]
     future: Future
+    attempts: int = 0  # times a worker reported an error on it (it is retried once on a fresh worker)
 
 
 def _settled_by_numbers(response: Any, golds: tuple[str, ...]) -> RewardOutcome | None:
@@ -97,6 +101,7 @@ class _Worker:
         self.started_at = time.monotonic()
         self.chunk: deque[_Job] = deque()  # sent and not yet answered, in the order the worker runs them
         self.sample_started = 0.0  # when the worker began chunk[0]
+        self.tasks = 0  # samples it has answered
 
     def stop(self, kill: bool, grace_s: float = 2.0) -> None:
         """Ends and reaps the process (no zombie): politely unless `kill`, by SIGKILL otherwise."""
@@ -123,6 +128,7 @@ class RewardPool:
         chunk_size: int = 16,
         memory_limit_mb: int | None = 2048,
         score_fn: ScoreFn = math_score,
+        max_tasks_per_worker: int | None = 1000,
     ) -> None:
         if not isinstance(processes, int) or processes < 1:
             raise ValueError(f"processes must be a positive int, got {processes!r}")
@@ -130,9 +136,13 @@ class RewardPool:
             raise ValueError(f"timeout_s must be positive, got {timeout_s!r}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be positive, got {chunk_size!r}")
+        if max_tasks_per_worker is not None and max_tasks_per_worker < 1:
+            raise ValueError(f"max_tasks_per_worker must be None or positive, got {max_tasks_per_worker!r}")
         if memory_limit_mb is not None and memory_limit_mb < 256:
             raise ValueError(f"memory_limit_mb must be None or at least 256, got {memory_limit_mb!r}")
         self.processes, self.timeout_s, self.chunk_size = processes, float(timeout_s), chunk_size
+        self.max_tasks_per_worker = max_tasks_per_worker
+        self._stats: Counter[str] = Counter()  # workers replaced (by cause) and recycled, errors returned
         # Plain-number answers against plain-number golds are settled here, in linear time without sympy:
         # most math answers, and shipping them to a worker would cost more than scoring them.
         self._numbers_in_caller = score_fn is math_score
@@ -189,6 +199,12 @@ class RewardPool:
         """Process ids of the current workers (they change as stuck or dead workers are replaced)."""
         return [worker.process.pid for worker in list(self._workers)]
 
+    def stats(self) -> dict[str, int]:
+        """Counts since the pool started: workers `recycled` after max_tasks_per_worker, workers replaced after
+        an error (`replaced_after_error`), a timeout or their death, and samples returned with an `errors`."""
+        keys = ("recycled", "replaced_after_error", "replaced_after_timeout", "replaced_after_death", "errors")
+        return {key: int(self._stats[key]) for key in keys}
+
     def close(self) -> None:
         """Stops and reaps every worker; samples still waiting fail with RuntimeError. Idempotent."""
         with self._lock:
@@ -223,12 +239,17 @@ class RewardPool:
             self._shut_down()
 
     def _assign_work(self) -> None:
-        for worker in self._workers:
+        for worker in list(self._workers):
             if not worker.ready or worker.chunk:
+                continue
+            if self.max_tasks_per_worker is not None and worker.tasks >= self.max_tasks_per_worker:
+                self._recycle(worker)
                 continue
             with self._lock:
                 # Small chunks once the queue runs low, so the last samples spread over all workers.
                 size = max(1, min(self.chunk_size, len(self._pending) // (2 * self.processes)))
+                if self.max_tasks_per_worker is not None:
+                    size = min(size, self.max_tasks_per_worker - worker.tasks)
                 jobs = [self._pending.popleft() for _ in range(min(size, len(self._pending)))]
             if not jobs:
                 return
@@ -248,10 +269,24 @@ class RewardPool:
                     self._startup_failures = 0
                     continue
                 reward, seconds, error = message
-                worker.chunk.popleft().future.set_result(RewardOutcome(float(reward), seconds, False, error))
+                job = worker.chunk.popleft()
+                worker.tasks += 1
                 worker.sample_started = time.monotonic()
+                if error is not None:  # the worker may be sick (at its memory cap): replace it
+                    self._stats["replaced_after_error"] += 1
+                    job.attempts += 1
+                    if job.attempts < 2:
+                        worker.chunk.appendleft(job)  # scored once more, on a fresh worker
+                    else:
+                        self._stats["errors"] += 1
+                        job.future.set_result(RewardOutcome(float(reward), seconds, False, error))
+                    self._replace(worker, None, why=error)
+                    return
+                job.future.set_result(RewardOutcome(float(reward), seconds, False, error))
         except (EOFError, OSError):
             worker.process.join(1.0)
+            self._stats["replaced_after_death"] += 1
+            self._stats["errors"] += bool(worker.chunk)
             self._replace(worker, RewardOutcome(0.0, time.monotonic() - worker.sample_started, False,
                                                 f"reward worker died (exit code {worker.process.exitcode})"))
 
@@ -261,6 +296,7 @@ class RewardPool:
             if worker.chunk and now >= worker.sample_started + self.timeout_s:
                 self._receive(worker)  # a result that landed since the wait is not a timeout
                 if worker in self._workers and worker.chunk and now >= worker.sample_started + self.timeout_s:
+                    self._stats["replaced_after_timeout"] += 1
                     self._replace(worker, RewardOutcome(0.0, now - worker.sample_started, True, None))
             elif not worker.ready and now >= worker.started_at + STARTUP_TIMEOUT_S:
                 self._replace(worker, None)
@@ -270,8 +306,16 @@ class RewardPool:
         deadlines += [w.started_at + STARTUP_TIMEOUT_S for w in self._workers if not w.ready]
         return max(0.0, min(deadlines) - time.monotonic()) if deadlines else 3600.0
 
-    def _replace(self, worker: _Worker, outcome: RewardOutcome | None) -> None:
-        """Kills `worker`, gives its current sample `outcome`, requeues the rest, starts a new worker."""
+    def _recycle(self, worker: _Worker) -> None:
+        """Stops an idle worker that has served max_tasks_per_worker samples, politely, and starts a new one."""
+        worker.stop(kill=False)
+        self._stats["recycled"] += 1
+        log.info("reward worker %d recycled after %d samples", worker.process.pid, worker.tasks)
+        self._workers[self._workers.index(worker)] = self._spawn()
+
+    def _replace(self, worker: _Worker, outcome: RewardOutcome | None, why: str | None = None) -> None:
+        """Kills `worker`, gives its current sample `outcome` (none: it is requeued with the rest), requeues the
+        rest, starts a new worker."""
         worker.stop(kill=True)
         if worker.chunk and outcome is not None:
             worker.chunk.popleft().future.set_result(outcome)
@@ -281,7 +325,7 @@ class RewardPool:
             self._startup_failures += 1
             if self._startup_failures >= MAX_STARTUP_FAILURES:
                 raise RuntimeError(f"{MAX_STARTUP_FAILURES} reward workers in a row died while starting")
-        why = "no start" if outcome is None else "timeout" if outcome.timed_out else outcome.error
+        why = why or ("no start" if outcome is None else "timeout" if outcome.timed_out else outcome.error)
         log.warning("reward worker %d replaced: %s", worker.process.pid, why)
         self._workers[self._workers.index(worker)] = self._spawn()
 

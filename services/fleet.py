@@ -38,6 +38,20 @@ def request_seed(seed: int, run: str, step: int, prompt_id: str, first_index: in
     return int.from_bytes(digest, "little")
 
 
+class TooManyVerifierErrors(RuntimeError):
+    """More of a step's rewards are verifier errors than verifier.max_error_share allows."""
+
+
+def check_verifier_errors(step: int, errors: int, total: int, max_share: float) -> None:
+    """Raise TooManyVerifierErrors when errors / total exceeds max_share: a sick verifier's zeros are not
+    rewards, and training on them would silently teach the policy that correct answers are wrong."""
+    if total and errors > max_share * total:
+        raise TooManyVerifierErrors(
+            f"step {step}: {errors} of {total} rewards ({errors / total:.0%}) are verifier errors, not verdicts, "
+            f"above verifier.max_error_share={max_share:g}; not training on them. The verifiers' logs name the "
+            f"errors (MemoryError: raise their memory; see pcl_verifier_errors_total)")
+
+
 class RolloutClient:
     """The coordinator's side of the three streams."""
 
@@ -109,8 +123,10 @@ class RolloutClient:
         self.dropped.update(collector.dropped())
         batch = collector.batch()
         tokens = sum(len(rec.token_ids) for rec in batch) // TOKEN_DTYPE.itemsize
-        self.totals.update(samples_total=len(batch), generated_tokens_total=tokens,
+        errors = sum(bool(rec.verifier_error) for rec in batch)
+        self.totals.update(samples_total=len(batch), generated_tokens_total=tokens, verifier_errors_total=errors,
                            verifier_timeouts_total=sum(bool(rec.timed_out) for rec in batch))
+        check_verifier_errors(step, errors, len(batch), self.cfg.verifier.max_error_share)
         for queue in (self.requests, self.results, self.rewards):  # the batch is complete: trim its records
             queue.trim_committed()
         return [Sample(rec.prompt_id, rec.sample_index, tuple(unpack_tokens(rec.prompt_token_ids).tolist()),
@@ -123,7 +139,7 @@ class RolloutClient:
         out = {f"dropped_{k}": int(v) for k, v in self.dropped.items()}
         out["dead_letters"] = sum(q.dead_letter_count() for q in (self.requests, self.results, self.rewards))
         out.update({key: int(self.totals[key]) for key in ("samples_total", "generated_tokens_total",
-                                                             "verifier_timeouts_total")})
+                                                             "verifier_timeouts_total", "verifier_errors_total")})
         return out
 
 
@@ -219,7 +235,8 @@ def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
             checkpoints=str(prep.run_dir / "checkpoints"))
     publish_answers(redis_url, run, prep.answers)
     h["verifiers"] = [RewardVerifier.options(resources=cfg.verifier.resources or None).remote(
-        redis_url, run, None, i, cfg.verifier.processes, cfg.verifier.timeout_s, **queue)
+        redis_url, run, None, i, cfg.verifier.processes, cfg.verifier.timeout_s,
+        max_tasks_per_worker=cfg.verifier.max_tasks_per_worker, **queue)
         for i in range(cfg.verifier.num_workers)]
     h["rollout_workers"] = [
         RolloutWorker.options(num_gpus=cfg.rollout.num_gpus_per_worker, resources=cfg.rollout.resources or None).remote(

@@ -24,7 +24,7 @@ from services.control_state import ControlStore
 HISTOGRAM_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)  # seconds
 HISTOGRAMS = ("generation_seconds", "selection_seconds", "step_seconds", "weight_sync_seconds")
 # Cumulative counts the step record carries (per coordinator process); totals accumulate their increments.
-COUNTERS = ("samples_total", "generated_tokens_total", "verifier_timeouts_total")
+COUNTERS = ("samples_total", "generated_tokens_total", "verifier_timeouts_total", "verifier_errors_total")
 
 # Every metric: name -> (type, help).
 METRICS: dict[str, tuple[str, str]] = {
@@ -51,6 +51,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "pcl_verifier_timeouts_total": (
         "counter",
         "Samples whose math-verify check hit the hard timeout (reward 0).",
+    ),
+    "pcl_verifier_errors_total": (
+        "counter",
+        "Samples the verifier could not score (a worker error on two workers, or a worker's death): reward 0.",
+    ),
+    "pcl_redis_memory_used_bytes": ("gauge", "Memory Redis uses (INFO memory: used_memory)."),
+    "pcl_redis_memory_max_bytes": (
+        "gauge",
+        "Redis maxmemory; 0 when unlimited. Used at max: writes are refused and the workers pause until it frees.",
     ),
     "pcl_generation_seconds": ("histogram", "Seconds per step generating and verifying the rollouts."),
     "pcl_selection_seconds": ("histogram", "Seconds per step sampling, scoring and selecting prompts."),
@@ -82,6 +91,7 @@ class RunCollector(Collector):
         for name, value in gauges.items():
             if value is not None:
                 yield _family(name, [({"run": run}, float(value))])
+        yield from _redis_memory(self.store, run)
         depths = status["queue_depths"]
         yield _family("pcl_queue_depth", [({"run": run, "stream": s}, float(d)) for s, d in depths.items()])
         for key in COUNTERS:
@@ -107,6 +117,16 @@ def _family(name: str, samples: list[tuple[dict[str, str], float]]) -> GaugeMetr
     for label_values, value in samples:
         family.add_metric([label_values[label] for label in labels], value)
     return family
+
+
+def _redis_memory(store: ControlStore, run: str) -> Iterator[Metric]:
+    """Redis's memory in use and its maxmemory: a full Redis is backpressure (services.queues), seen here."""
+    try:
+        info = store.client.info("memory")
+    except Exception:  # noqa: BLE001 - a server that refuses INFO (ACL) shows no memory gauges
+        return
+    yield _family("pcl_redis_memory_used_bytes", [({"run": run}, float(info.get("used_memory", 0)))])
+    yield _family("pcl_redis_memory_max_bytes", [({"run": run}, float(info.get("maxmemory", 0)))])
 
 
 def metrics_registry(store: ControlStore) -> CollectorRegistry:

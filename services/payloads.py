@@ -174,11 +174,12 @@ class RewardRecord(RolloutResult):
     reward: float  # 1.0 if math-verify accepts the answer, else 0.0 (also for truncation and timeouts)
     verifier_seconds: float  # wall time math-verify spent on the sample
     timed_out: bool  # the verifier hit its hard per-sample timeout (reward is then 0)
+    verifier_error: bool = False  # the verifier could not score it (a worker error, twice): reward 0, not a verdict
 
     @classmethod
     def from_result(cls, result: RolloutResult, reward: float, verifier_seconds: float,
-                    timed_out: bool) -> "RewardRecord":
-        return cls(*_RESULT_FIELDS(result), reward, verifier_seconds, timed_out)
+                    timed_out: bool, verifier_error: bool = False) -> "RewardRecord":
+        return cls(*_RESULT_FIELDS(result), reward, verifier_seconds, timed_out, verifier_error)
 
     @classmethod
     def from_note(cls, note: "RewardNote", result: RolloutResult) -> "RewardRecord":
@@ -188,7 +189,7 @@ class RewardRecord(RolloutResult):
                 or result.run != note.run):
             raise PayloadError(f"reward note for {note.key} points at entry {note.result_entry} position "
                                f"{note.position}, which holds {result.key}")
-        return cls(*_RESULT_FIELDS(result), note.reward, note.verifier_seconds, note.timed_out)
+        return cls(*_RESULT_FIELDS(result), note.reward, note.verifier_seconds, note.timed_out, note.verifier_error)
 
 
 class RewardNote(_Wire):
@@ -206,6 +207,7 @@ class RewardNote(_Wire):
     timed_out: bool  # the verifier hit its hard per-sample timeout (reward is then 0)
     result_entry: str  # id of the rollout_results stream entry that holds the sample
     position: int  # the sample's index among the records of that entry (0 for a single-record entry)
+    verifier_error: bool = False  # the verifier could not score it (a worker error, twice): reward 0, not a verdict
 
     def __post_init__(self) -> None:
         _check_text(self, ("run", "prompt_id", "result_entry"))
@@ -216,9 +218,9 @@ class RewardNote(_Wire):
 
     @classmethod
     def of(cls, result: RolloutResult, result_entry: str, position: int, reward: float, verifier_seconds: float,
-           timed_out: bool) -> "RewardNote":
+           timed_out: bool, verifier_error: bool = False) -> "RewardNote":
         return cls(result.run, result.step, result.prompt_id, result.sample_index, result.policy_version,
-                   reward, verifier_seconds, timed_out, result_entry, position)
+                   reward, verifier_seconds, timed_out, result_entry, position, verifier_error)
 
     @property
     def key(self) -> RecordKey:

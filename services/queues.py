@@ -50,6 +50,9 @@ STREAM_GROUPS = {"rollout_requests": "rollout", "rollout_results": "verifier", "
 PAYLOAD_FIELD = b"d"
 PUT_CHUNK = 512  # XADDs per pipeline round trip
 FETCH_CHUNK = 64  # entries read back per pipeline round trip by fetch() (a group of 16 samples is ~250 KB)
+DEAD_LETTER_MAX_BYTES = 64 * 2**20  # a dead-letter stream is trimmed (oldest first) past this much Redis memory
+FULL_TIMEOUT_S = 600.0  # how long a write waits for a full Redis (maxmemory reached) to free memory
+FULL_LOG_EVERY_S = 30.0  # while it waits, one log line this often
 T = TypeVar("T")
 Entry = Union[Record, Sequence[Record]]  # what one stream entry holds: a record or a group of records
 
@@ -72,6 +75,10 @@ def open_queue(client: redis.Redis, run: str, name: str, consumer: str, cfg: Red
 
 class QueueUnavailable(RuntimeError):
     """Redis stayed unreachable for longer than the queue's reconnect timeout."""
+
+
+class RedisFull(QueueUnavailable):
+    """Redis refused writes (maxmemory reached) for longer than the queue's full_timeout_s."""
 
 
 @dataclass(slots=True)
@@ -119,7 +126,8 @@ class WorkQueue:
 
     def __init__(self, client: redis.Redis, stream: str, group: str, consumer: str, *,
                  visibility_timeout_s: float = 30.0, max_deliveries: int = 3, block_ms: int = 200,
-                 max_in_flight: int = 1024, reconnect_timeout_s: float = 60.0, dead_letter_maxlen: int = 10_000):
+                 max_in_flight: int = 1024, reconnect_timeout_s: float = 60.0, dead_letter_maxlen: int = 10_000,
+                 dead_letter_max_bytes: int = DEAD_LETTER_MAX_BYTES, full_timeout_s: float = FULL_TIMEOUT_S):
         if visibility_timeout_s <= 0 or max_deliveries < 1 or block_ms < 1 or max_in_flight < 1:
             raise ValueError(f"WorkQueue {stream!r}: visibility_timeout_s ({visibility_timeout_s}), max_deliveries "
                              f"({max_deliveries}), block_ms ({block_ms}) and max_in_flight ({max_in_flight}) must be positive")
@@ -132,6 +140,9 @@ class WorkQueue:
         self.visibility_ms = int(visibility_timeout_s * 1000)
         self.max_deliveries, self.block_ms, self.max_in_flight = max_deliveries, block_ms, max_in_flight
         self.reconnect_timeout_s, self.dead_letter_maxlen = reconnect_timeout_s, dead_letter_maxlen
+        self.dead_letter_max_bytes, self.full_timeout_s = dead_letter_max_bytes, full_timeout_s
+        self.full_waits = 0  # writes that found Redis full (maxmemory reached) and waited for memory
+        self.full_seconds = 0.0  # time spent in those waits
         self.dead_stream, self.dead_count_key = f"{stream}:dead", f"{stream}:dead_count"
         self._held: set[str] = set()  # ids delivered to this consumer and not yet acked / failed
         self._claim_cursor = "0-0"  # XAUTOCLAIM resumes its scan of the pending list here
@@ -203,8 +214,9 @@ class WorkQueue:
         deliveries = []
         for raw_id, fields, count in entries:
             entry_id = raw_id.decode()
-            if entry_id in self._held:
-                continue  # reclaimed our own slow entry: we are still working on it
+            # An entry of our own held past the visibility timeout was lost by its caller (an error between
+            # take and ack): it is delivered again like any reclaimed entry, so a held id never blocks for good.
+            self._held.discard(entry_id)
             payload = fields.get(PAYLOAD_FIELD, b"")
             if count > self.max_deliveries:
                 self._dead_letter(entry_id, payload, count, f"abandoned: delivered {count - 1} times without "
@@ -252,6 +264,21 @@ class WorkQueue:
                 self.stream, self.group, self.consumer, 0, ids, idle=self.visibility_ms, justid=True))
             self._held.difference_update(ids)
 
+    def release_held(self) -> int:
+        """Hand back every delivery held (processing failed between take and ack/forward): any consumer's next
+        take() may reclaim them at once, with their delivery counts kept. When Redis does not answer they are
+        only forgotten here, and come back after the visibility timeout. Returns how many were held."""
+        ids = sorted(self._held, key=_id_key)
+        self._held.clear()
+        if ids:
+            try:
+                self.client.xclaim(self.stream, self.group, self.consumer, 0, ids, idle=self.visibility_ms,
+                                   justid=True)
+            except redis.RedisError as exc:
+                log.warning("%s: could not hand back %d entries (%s); they are reclaimed after the visibility "
+                            "timeout", self.stream, len(ids), exc)
+        return len(ids)
+
     def fail(self, delivery: Delivery, error: BaseException | str) -> bool:
         """Processing failed: retry the entry, or dead-letter it after max_deliveries; a group is split
         into single-record entries (written with the group's ack) that are retried one by one.
@@ -286,6 +313,19 @@ class WorkQueue:
 
         self._retry("dead-letter", write)
         self._held.discard(entry_id)
+        self._cap_dead_letters()
+
+    def _cap_dead_letters(self) -> None:
+        """Trim the dead-letter stream, oldest first, to about dead_letter_max_bytes of Redis memory: its
+        entries hold whole payloads (a group of samples is ~250 KB), so a count cap alone does not bound it."""
+        used = self._retry("MEMORY USAGE", lambda: self.client.memory_usage(self.dead_stream, samples=0)) or 0
+        if used <= self.dead_letter_max_bytes:
+            return
+        length = self._retry("XLEN", lambda: self.client.xlen(self.dead_stream))
+        keep = max(1, int(length * self.dead_letter_max_bytes / used))
+        self._retry("XTRIM", lambda: self.client.xtrim(self.dead_stream, maxlen=keep, approximate=False))
+        log.warning("%s: dead letters over %d bytes (%d in %d entries): the oldest %d were dropped",
+                    self.dead_stream, self.dead_letter_max_bytes, used, length, length - keep)
 
     # -- reading entries back -------------------------------------------------------------------------
 
@@ -386,7 +426,10 @@ class WorkQueue:
                     self.stream, name, last_trimmed, entries_read=read))
             for consumer in self._retry("XINFO CONSUMERS", lambda: self.client.xinfo_consumers(self.stream, name)):
                 if consumer["pending"] == 0 and consumer["idle"] > max(60_000, 10 * self.visibility_ms):
-                    self.client.xgroup_delconsumer(self.stream, name, consumer["name"])
+                    try:
+                        self.client.xgroup_delconsumer(self.stream, name, consumer["name"])
+                    except redis.OutOfMemoryError:  # XGROUP is refused while Redis is full; next time
+                        pass
         self._held = {entry_id for entry_id in self._held if _id_key(entry_id) >= _id_key(min_id)}
         return int(removed)
 
@@ -407,11 +450,16 @@ class WorkQueue:
                 raise
 
     def _retry(self, what: str, operation: Callable[[], T]) -> T:
-        """Run operation, retrying with exponential backoff while Redis is unreachable or restarting."""
-        delay, deadline = 0.05, None
+        """Run operation, retrying with exponential backoff while Redis is unreachable or restarting, or full."""
+        delay, deadline, full = 0.05, None, None
         while True:
             try:
-                return operation()
+                result = operation()
+                if full is not None:
+                    self._memory_back(what, full)
+                return result
+            except redis.OutOfMemoryError as exc:  # maxmemory reached: backpressure, not a failure
+                full = self._wait_for_memory(what, exc, full)
             except (redis.ConnectionError, redis.TimeoutError) as exc:  # includes BusyLoadingError (AOF replay)
                 now = time.monotonic()
                 deadline = deadline or now + self.reconnect_timeout_s
@@ -426,3 +474,36 @@ class WorkQueue:
                     raise
                 log.warning("%s: stream or group %r vanished; recreating it", self.stream, self.group)
                 self._ensure_group()
+
+    def _wait_for_memory(self, what: str, exc: redis.OutOfMemoryError, full: list[float] | None) -> list[float]:
+        """One wait of a write that Redis refused for want of memory (maxmemory reached, noeviction): log it
+        (at most every FULL_LOG_EVERY_S), keep this consumer's held entries from going idle (XCLAIM is allowed
+        while Redis is full), sleep with backoff; RedisFull after full_timeout_s. `full` is [started, last log
+        line, next delay] of this write's wait, None on its first refusal."""
+        now = time.monotonic()
+        if full is None:
+            full = [now, now, 0.05]
+            self.full_waits += 1
+            log.warning("%s on %s: Redis is full (maxmemory reached: %s); this worker pauses until memory frees, "
+                        "for up to %g s", what, self.stream, exc, self.full_timeout_s)
+        elif now - full[1] >= FULL_LOG_EVERY_S:
+            full[1] = now
+            log.warning("%s on %s: Redis still full after %.0f s; waiting", what, self.stream, now - full[0])
+        if now - full[0] >= self.full_timeout_s:
+            self.full_seconds += now - full[0]
+            raise RedisFull(f"{what} on stream {self.stream!r}: Redis full (maxmemory reached) for "
+                            f"{self.full_timeout_s:g} s: {exc}") from exc
+        if self._held:
+            try:  # reset the idle time of what we hold, so no other consumer reclaims it while we wait
+                self.client.xclaim(self.stream, self.group, self.consumer, 0, sorted(self._held), justid=True)
+            except redis.RedisError:
+                pass
+        time.sleep(full[2])
+        full[2] = min(2 * full[2], 2.0)
+        return full
+
+    def _memory_back(self, what: str, full: list[float]) -> None:
+        waited = time.monotonic() - full[0]
+        self.full_seconds += waited
+        log.warning("%s on %s: Redis has memory again; the write went through after %.1f s", what, self.stream,
+                    waited)

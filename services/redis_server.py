@@ -11,7 +11,9 @@ process with its data directory under the run. It listens on a Unix socket, whic
 (`unix://...`; local processes move large stream entries through it with about half the kernel time of
 loopback TCP), and on a free 127.0.0.1 port (`handle.tcp_url`) for tools. With `redis.appendonly` on, it
 writes an append-only file synced on every write (`appendfsync always`), so a restart loses no write that
-Redis acknowledged. The embedded server stops on `close()`, at interpreter exit, and (Linux, when started
+Redis acknowledged. Its `maxmemory` is `redis.maxmemory_mb` (a quarter of the machine's memory when unset)
+with the noeviction policy: a full server refuses writes, which the workers treat as backpressure
+(services.queues), rather than growing until the kernel's OOM killer ends it. The embedded server stops on `close()`, at interpreter exit, and (Linux, when started
 from the main thread) when the process that started it dies.
 
 A configured server that does not answer raises `RedisUnavailable` naming the URL (password masked).
@@ -131,6 +133,7 @@ class RedisHandle:
         self.appendonly = appendonly
         self._owned_dir = owned_dir
         self._clients: list[redis.Redis] = []
+        self.maxmemory = 0  # bytes; the embedded server's maxmemory (0: none)
         if process is not None:
             atexit.register(self.close)
 
@@ -157,7 +160,7 @@ class RedisHandle:
         self._stop(kill=kill)
         time.sleep(downtime_s)
         self._process = _spawn(self.data_dir, int(urlsplit(self.tcp_url).port), self.appendonly,
-                               urlsplit(self.url).path)
+                               urlsplit(self.url).path, maxmemory=self.maxmemory)
 
     def exit_reason(self) -> str | None:
         """Why the embedded server is gone (its exit status and the last lines of its log: on a full disk,
@@ -229,8 +232,16 @@ def _socket_path(data_dir: Path) -> str:
     return path if len(path) < 100 else os.path.join(tempfile.mkdtemp(prefix="pcl-redis-"), "redis.sock")
 
 
+def default_maxmemory() -> int:
+    """A quarter of the machine's physical memory, in bytes: the embedded server's maxmemory by default."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    except (ValueError, OSError):
+        return 4 * 2**30
+
+
 def _spawn(data_dir: Path, port: int, appendonly: bool, socket_path: str,
-           timeout_s: float = 15.0) -> subprocess.Popen:
+           timeout_s: float = 15.0, maxmemory: int = 0) -> subprocess.Popen:
     """Start redis-server on 127.0.0.1:port and socket_path with its files in data_dir; return once it
     answers PING."""
     conf = data_dir / "redis.conf"
@@ -239,7 +250,7 @@ def _spawn(data_dir: Path, port: int, appendonly: bool, socket_path: str,
         "protected-mode yes", "daemonize no", f"dir {_quote(str(data_dir))}",
         "logfile redis.log", 'save ""',  # no RDB snapshots: durability comes from the AOF alone
         f"appendonly {'yes' if appendonly else 'no'}", "appendfsync always",
-        "stop-writes-on-bgsave-error no", "maxmemory-policy noeviction",
+        "stop-writes-on-bgsave-error no", "maxmemory-policy noeviction", f"maxmemory {int(maxmemory)}",
     ]) + "\n")
     in_main_thread = threading.current_thread() is threading.main_thread()
     process = subprocess.Popen([str(redis_server_binary()), str(conf)], stdin=subprocess.DEVNULL,
@@ -261,8 +272,11 @@ def _spawn(data_dir: Path, port: int, appendonly: bool, socket_path: str,
                            f"log {log_file}: " + " | ".join(tail))
 
 
-def start_embedded(data_dir: str | os.PathLike | None = None, appendonly: bool = True) -> RedisHandle:
-    """Start the embedded server; data_dir None uses a temporary directory removed on close()."""
+def start_embedded(data_dir: str | os.PathLike | None = None, appendonly: bool = True,
+                   maxmemory_mb: int | None = None) -> RedisHandle:
+    """Start the embedded server; data_dir None uses a temporary directory removed on close(). maxmemory_mb:
+    None, a quarter of the machine's memory; 0, no limit."""
+    maxmemory = default_maxmemory() if maxmemory_mb is None else maxmemory_mb * 2**20
     owned = None
     if data_dir is None:
         owned = tempfile.TemporaryDirectory(prefix="pcl-redis-")
@@ -273,15 +287,17 @@ def start_embedded(data_dir: str | os.PathLike | None = None, appendonly: bool =
     for attempt in range(5):  # the free port can be taken between picking it and binding it
         port = _free_port()
         try:
-            process = _spawn(path, port, appendonly, socket_path)
+            process = _spawn(path, port, appendonly, socket_path, maxmemory=maxmemory)
         except RedisUnavailable:
             if attempt == 4:
                 raise
             continue
         log.info("embedded Redis on %s and 127.0.0.1:%d, data in %s, appendonly=%s", socket_path, port, path,
                  appendonly)
-        return RedisHandle(f"unix://{socket_path}", process, path, appendonly, owned,
-                           tcp_url=f"redis://127.0.0.1:{port}/0")
+        handle = RedisHandle(f"unix://{socket_path}", process, path, appendonly, owned,
+                             tcp_url=f"redis://127.0.0.1:{port}/0")
+        handle.maxmemory = maxmemory
+        return handle
     raise AssertionError("unreachable")
 
 
@@ -306,4 +322,4 @@ def open_redis(cfg: RedisConfig, data_dir: str | os.PathLike | None = None) -> R
     url = cfg.url or os.environ.get("REDIS_URL") or None
     if url:
         return connect(url)
-    return start_embedded(data_dir, appendonly=cfg.appendonly)
+    return start_embedded(data_dir, appendonly=cfg.appendonly, maxmemory_mb=cfg.maxmemory_mb)

@@ -20,10 +20,13 @@ from collections import Counter
 from typing import Any, Mapping
 
 from pcl.engines.base import SamplingParams as EngineSampling
+from services.backoff import Backoff, FailureLog
 from services.payloads import RewardNote, RolloutRequest, RolloutResult, pack_tokens, unpack_tokens
 from services.queues import Delivery, WorkQueue
 
 log = logging.getLogger(__name__)
+RETRY_BASE_S, RETRY_CAP_S = 0.1, 30.0  # a failing serving loop waits 0.1, 0.2, 0.4, ... 30 s between passes
+LOG_EVERY_S = 60.0  # while it keeps failing, one summary line per minute after the first traceback
 
 
 class RolloutService:
@@ -34,6 +37,10 @@ class RolloutService:
         self.batch_requests = batch_requests
         self.lock = threading.Lock()  # generation and weight loads never overlap
         self.counts: Counter[str] = Counter()
+
+    def release_held(self) -> int:
+        """Hand back the requests of a failed pass (see WorkQueue.release_held)."""
+        return self.requests.release_held()
 
     def load_weights(self, weights, version: int) -> int:
         with self.lock:
@@ -101,6 +108,10 @@ class VerifierService:
         self.batch = batch
         self.counts: Counter[str] = Counter()
 
+    def release_held(self) -> int:
+        """Hand back the results of a failed pass (see WorkQueue.release_held)."""
+        return self.results.release_held()
+
     def serve_once(self, block_ms: int | None = None) -> int:
         deliveries = self.results.take(self.batch, block_ms=block_ms)
         if not deliveries:
@@ -127,15 +138,27 @@ class VerifierService:
             self.counts["truncated"] += 1
             return RewardNote.of(result, entry_id, position, 0.0, 0.0, False)
         self.counts["timeouts"] += int(outcome.timed_out)
+        self.counts["errors"] += int(outcome.error is not None)
         return RewardNote.of(result, entry_id, position, float(outcome.reward), outcome.seconds,
-                             bool(outcome.timed_out))
+                             bool(outcome.timed_out), outcome.error is not None)
 
 
-def serve_forever(service, stop: threading.Event, name: str, idle_block_ms: int = 200) -> None:
-    """Run a service's loop until `stop` is set; an error is logged and the loop goes on."""
+def serve_forever(service, stop: threading.Event, name: str, idle_block_ms: int = 200,
+                  backoff: Backoff | None = None, log_every_s: float = LOG_EVERY_S) -> None:
+    """Run a service's loop until `stop` is set. A failed pass hands its entries back at once (any worker may
+    serve them again), then the loop waits with exponential backoff (RETRY_BASE_S doubling up to RETRY_CAP_S,
+    reset by a success); the log holds one traceback per failure streak and a summary line per log_every_s."""
+    backoff = backoff or Backoff(RETRY_BASE_S, RETRY_CAP_S)
+    failures = FailureLog(log, name, every_s=log_every_s)
     while not stop.is_set():
         try:
             service.serve_once(block_ms=idle_block_ms)
-        except Exception:  # noqa: BLE001 - a worker must outlive one bad batch; entries are redelivered
-            log.exception("%s: serving a batch failed; its entries will be redelivered", name)
-            time.sleep(0.5)
+        except Exception as exc:  # noqa: BLE001 - a worker must outlive one bad batch; entries are redelivered
+            service.release_held()
+            delay = backoff.next()
+            failures.failed(exc, delay)
+            stop.wait(delay)
+        else:
+            if backoff.failures:
+                failures.recovered()
+                backoff.reset()
