@@ -171,7 +171,9 @@ class RedisHandle:
         lines = log_file.read_text(errors="replace").splitlines()[-3:] if log_file.is_file() else []
         # A log line is "pid:role date time level message": the message is what names the cause.
         tail = " | ".join(line.split(" * ", 1)[-1].split(" # ", 1)[-1].strip() for line in lines if line.strip())
-        return f"exit status {self._process.returncode}" + (f"; its log {log_file} ends: {tail[-400:]}" if tail else "")
+        code = self._process.returncode
+        status = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        return status + (f"; its log {log_file} ends: {tail[-400:]}" if tail else "")
 
     def revive(self) -> str | None:
         """Start the embedded server again if it has exited (same port, socket and data directory; with
