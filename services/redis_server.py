@@ -30,6 +30,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -171,7 +172,9 @@ class RedisHandle:
         lines = log_file.read_text(errors="replace").splitlines()[-3:] if log_file.is_file() else []
         # A log line is "pid:role date time level message": the message is what names the cause.
         tail = " | ".join(line.split(" * ", 1)[-1].split(" # ", 1)[-1].strip() for line in lines if line.strip())
-        return f"exit status {self._process.returncode}" + (f"; its log {log_file} ends: {tail[-400:]}" if tail else "")
+        code = self._process.returncode
+        status = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        return status + (f"; its log {log_file} ends: {tail[-400:]}" if tail else "")
 
     def revive(self) -> str | None:
         """Start the embedded server again if it has exited (same port, socket and data directory; with
@@ -218,6 +221,28 @@ class RedisHandle:
     def __repr__(self) -> str:
         kind = f"embedded pid={self.pid} dir={self.data_dir}" if self.embedded else "external"
         return f"RedisHandle({masked(self.url)}, {kind})"
+
+
+class EmbeddedRedisKeeper:
+    """The driver's watch on its embedded Redis: started again in place when it exits (a full disk makes Redis
+    exit on its AOF write error; an OOM kill), at most `limit` times; clients reconnect within their backoff.
+    Called every second while the run goes, and before each start of the fleet."""
+
+    def __init__(self, handle: RedisHandle, limit: int):
+        self.handle, self.limit, self.restarts = handle, limit, 0
+
+    def __call__(self) -> None:
+        why = self.handle.exit_reason() if self.handle.embedded else None
+        if why is None:
+            return
+        if self.restarts >= self.limit:
+            raise RedisUnavailable(f"the embedded Redis exited again ({why}) after {self.restarts} restarts "
+                                   f"(checkpoint.max_restarts); on a full disk, free space under "
+                                   f"{self.handle.data_dir}, then resume")
+        self.restarts += 1
+        print(f"pcl: the embedded Redis exited ({why}); restarting it (restart {self.restarts} of {self.limit})",
+              file=sys.stderr, flush=True)
+        self.handle.revive()
 
 
 def _quote(value: str) -> str:

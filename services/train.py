@@ -237,30 +237,6 @@ def recoverable(exc: BaseException) -> bool:
     return False
 
 
-class EmbeddedRedisKeeper:
-    """The driver's watch on its embedded Redis: started again in place when it exits (a full disk makes Redis
-    exit on its AOF write error; an OOM kill), at most `limit` times; clients reconnect within their backoff.
-    Called every second while the run goes, and before each start of the fleet."""
-
-    def __init__(self, handle, limit: int):
-        self.handle, self.limit, self.restarts = handle, limit, 0
-
-    def __call__(self) -> None:
-        from services.redis_server import RedisUnavailable
-
-        why = self.handle.exit_reason() if self.handle.embedded else None
-        if why is None:
-            return
-        if self.restarts >= self.limit:
-            raise RedisUnavailable(f"the embedded Redis exited again ({why}) after {self.restarts} restarts "
-                                   f"(checkpoint.max_restarts); on a full disk, free space under "
-                                   f"{self.handle.data_dir}, then resume")
-        self.restarts += 1
-        print(f"pcl: the embedded Redis exited ({why}); restarting it (restart {self.restarts} of {self.limit})",
-              file=sys.stderr, flush=True)
-        self.handle.revive()
-
-
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[-1][:200] if text else ''}"
@@ -276,7 +252,7 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     from pcl.runlog import SELECTIONS_FILE, MetricsLog
     from services.control_plane import DriverControl
     from services.fleet import purge_streams, start_fleet
-    from services.redis_server import open_redis
+    from services.redis_server import EmbeddedRedisKeeper, open_redis
 
     print(f"pcl: run dir {prep.run_dir}  policy {prep.policy_path}  strategy {cfg.selection.type}  "
           f"m={cfg.run.m} n={cfg.run.n}  {len(prep.train_prompts)} train / {len(prep.eval_prompts)} eval prompts",
@@ -298,7 +274,7 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
         control = DriverControl(cfg, redis.url, prep.run_dir, k_max=len(prep.train_prompts) // cfg.run.m,
                                 fresh=resume is None, tools_url=redis.tcp_url, snapshot=snapshot)
         own_ray = start_ray()
-        keep_redis = EmbeddedRedisKeeper(redis, cfg.checkpoint.max_restarts)
+        keep_redis = EmbeddedRedisKeeper(redis, cfg.checkpoint.max_restarts)  # restarts it if it exits
         while True:
             keep_redis()
             purge_streams(redis.url, cfg.run.name)  # nothing in flight from an earlier attempt is collected

@@ -126,3 +126,24 @@ def test_an_embedded_server_that_exits_on_a_full_disk_is_revived_with_its_data(t
             assert client.get(f"k{i}") == b"x" * 65536
         client.set("after", b"1")
         assert client.get("after") == b"1"
+
+
+def test_the_drivers_keeper_restarts_an_exited_server_at_most_limit_times(tmp_path, capsys):
+    import signal
+
+    from services.redis_server import EmbeddedRedisKeeper
+
+    with start_embedded(tmp_path / "redis", appendonly=True) as handle:
+        keep = EmbeddedRedisKeeper(handle, limit=1)
+        keep()  # running: nothing to do
+        assert keep.restarts == 0
+        handle.client().set("k", b"v")
+        os.kill(handle.pid, signal.SIGKILL)
+        handle._process.wait(timeout=10)
+        keep()
+        assert keep.restarts == 1 and handle.client().get("k") == b"v"
+        assert "the embedded Redis exited (killed by signal 9" in capsys.readouterr().err
+        os.kill(handle.pid, signal.SIGKILL)
+        handle._process.wait(timeout=10)
+        with pytest.raises(RedisUnavailable, match=r"exited again \(killed by signal 9.*after 1 restarts"):
+            keep()
