@@ -12,10 +12,11 @@ worker's current sample started. A sample that runs past `timeout_s` scores 0 wi
 worker that dies (os._exit, a C-level abort, the memory cap) scores its current sample 0 with an `error`.
 Either way the worker is killed, reaped and replaced, and the rest of its chunk goes back to the queue
 front. A worker that reports an error (MemoryError, RecursionError: a worker at its memory cap fails every
-sample it gets) is replaced too, and the sample is scored once more on a fresh worker: only a sample that fails
-there as well scores 0 with its `error`. Workers are also recycled (stopped politely, replaced) after
-`max_tasks_per_worker` samples, so no slow leak of sympy's caches accumulates. `concurrent.futures.ProcessPoolExecutor` cannot do this: it cannot cancel a running task, and a
-dead worker breaks the whole executor. A boxed plain number against plain-number golds never reaches a
+sample it gets) is replaced too, and the sample is scored once more by another worker: only a sample that
+fails there as well scores 0 with its `error`. Workers are also recycled (stopped politely, replaced) after
+`max_tasks_per_worker` samples, so no slow leak (sympy's caches, a fragmented heap) accumulates.
+`concurrent.futures.ProcessPoolExecutor` cannot do this: it cannot cancel a running task, and a dead worker
+breaks the whole executor. A boxed plain number against plain-number golds never reaches a
 worker: `pcl.reward.numeric_verdict` settles it in the calling thread, in linear time and without sympy,
 which is cheaper than the round trip.
 
@@ -70,7 +71,7 @@ class _Job:
     response: Any
     golds: tuple[str, ...]
     future: Future
-    attempts: int = 0  # times a worker reported an error on it (it is retried once on a fresh worker)
+    attempts: int = 0  # times a worker reported an error on it (it is retried once, by another worker)
 
 
 def _settled_by_numbers(response: Any, golds: tuple[str, ...]) -> RewardOutcome | None:
@@ -276,7 +277,7 @@ class RewardPool:
                     self._stats["replaced_after_error"] += 1
                     job.attempts += 1
                     if job.attempts < 2:
-                        worker.chunk.appendleft(job)  # scored once more, on a fresh worker
+                        worker.chunk.appendleft(job)  # requeued below: scored once more, by another worker
                     else:
                         self._stats["errors"] += 1
                         job.future.set_result(RewardOutcome(float(reward), seconds, False, error))

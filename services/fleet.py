@@ -48,8 +48,8 @@ def check_verifier_errors(step: int, errors: int, total: int, max_share: float) 
     if total and errors > max_share * total:
         raise TooManyVerifierErrors(
             f"step {step}: {errors} of {total} rewards ({errors / total:.0%}) are verifier errors, not verdicts, "
-            f"above verifier.max_error_share={max_share:g}; not training on them. The verifiers' logs name the "
-            f"errors (MemoryError: raise their memory; see pcl_verifier_errors_total)")
+            f"above verifier.max_error_share={max_share:g}; not training on them (the verifiers' logs name the "
+            f"errors; pcl_verifier_errors_total counts them)")
 
 
 class RolloutClient:

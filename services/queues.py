@@ -24,9 +24,10 @@ record never takes its neighbours down with it.
 
 `take` first reclaims entries that another consumer has held past the visibility timeout (XAUTOCLAIM),
 then reads new ones (XREADGROUP, blocking). An entry that fails `max_deliveries` times, or does not
-decode, goes to `{stream}:dead` with its error and is counted in `{stream}:dead_count`. Every call retries
-with exponential backoff while Redis is unreachable (a restart), and recreates the group if the stream
-vanished. When a step commits, `trim_committed()` drops every entry the stream holds, and their pending
+decode, goes to `{stream}:dead` with its error and is counted in `{stream}:dead_count`; dead-letter streams are
+capped by bytes and by count. Every call retries with exponential backoff while Redis is unreachable (a
+restart) or full (maxmemory reached: backpressure, the consumer keeps what it holds and waits), and recreates
+the group if the stream vanished. A failed pass hands its deliveries back with `release_held()`. When a step commits, `trim_committed()` drops every entry the stream holds, and their pending
 entries, so memory stays bounded. `services.collector.StepCollector` turns at-least-once into exactly-once
 per step.
 """
@@ -42,6 +43,7 @@ import redis
 
 from pcl.config import RedisConfig
 from services.heap import keep_freed_heap
+from services.redis_full import MemoryWait, cap_stream_bytes
 from services.payloads import PayloadError, Record, RewardNote, RewardRecord, decode_entry, encode_entry
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,6 @@ PUT_CHUNK = 512  # XADDs per pipeline round trip
 FETCH_CHUNK = 64  # entries read back per pipeline round trip by fetch() (a group of 16 samples is ~250 KB)
 DEAD_LETTER_MAX_BYTES = 64 * 2**20  # a dead-letter stream is trimmed (oldest first) past this much Redis memory
 FULL_TIMEOUT_S = 600.0  # how long a write waits for a full Redis (maxmemory reached) to free memory
-FULL_LOG_EVERY_S = 30.0  # while it waits, one log line this often
 T = TypeVar("T")
 Entry = Union[Record, Sequence[Record]]  # what one stream entry holds: a record or a group of records
 
@@ -316,16 +317,10 @@ class WorkQueue:
         self._cap_dead_letters()
 
     def _cap_dead_letters(self) -> None:
-        """Trim the dead-letter stream, oldest first, to about dead_letter_max_bytes of Redis memory: its
-        entries hold whole payloads (a group of samples is ~250 KB), so a count cap alone does not bound it."""
-        used = self._retry("MEMORY USAGE", lambda: self.client.memory_usage(self.dead_stream, samples=0)) or 0
-        if used <= self.dead_letter_max_bytes:
-            return
-        length = self._retry("XLEN", lambda: self.client.xlen(self.dead_stream))
-        keep = max(1, int(length * self.dead_letter_max_bytes / used))
-        self._retry("XTRIM", lambda: self.client.xtrim(self.dead_stream, maxlen=keep, approximate=False))
-        log.warning("%s: dead letters over %d bytes (%d in %d entries): the oldest %d were dropped",
-                    self.dead_stream, self.dead_letter_max_bytes, used, length, length - keep)
+        """Dead letters hold whole payloads (~250 KB for a group of samples): a count cap alone does not bound
+        their memory, so the stream is also trimmed, oldest first, to about dead_letter_max_bytes."""
+        self._retry("dead-letter cap", lambda: cap_stream_bytes(self.client, self.dead_stream,
+                                                                self.dead_letter_max_bytes))
 
     # -- reading entries back -------------------------------------------------------------------------
 
@@ -456,10 +451,16 @@ class WorkQueue:
             try:
                 result = operation()
                 if full is not None:
-                    self._memory_back(what, full)
+                    self.full_seconds += full.done()
                 return result
             except redis.OutOfMemoryError as exc:  # maxmemory reached: backpressure, not a failure
-                full = self._wait_for_memory(what, exc, full)
+                if full is None:
+                    full = MemoryWait(f"{what} on {self.stream}", self.full_timeout_s)
+                    self.full_waits += 1
+                if not full.pause(exc, keep_alive=self._keep_held):
+                    self.full_seconds += full.seconds
+                    raise RedisFull(f"{what} on stream {self.stream!r}: Redis full (maxmemory reached) for "
+                                    f"{self.full_timeout_s:g} s: {exc}") from exc
             except (redis.ConnectionError, redis.TimeoutError) as exc:  # includes BusyLoadingError (AOF replay)
                 now = time.monotonic()
                 deadline = deadline or now + self.reconnect_timeout_s
@@ -475,35 +476,9 @@ class WorkQueue:
                 log.warning("%s: stream or group %r vanished; recreating it", self.stream, self.group)
                 self._ensure_group()
 
-    def _wait_for_memory(self, what: str, exc: redis.OutOfMemoryError, full: list[float] | None) -> list[float]:
-        """One wait of a write that Redis refused for want of memory (maxmemory reached, noeviction): log it
-        (at most every FULL_LOG_EVERY_S), keep this consumer's held entries from going idle (XCLAIM is allowed
-        while Redis is full), sleep with backoff; RedisFull after full_timeout_s. `full` is [started, last log
-        line, next delay] of this write's wait, None on its first refusal."""
-        now = time.monotonic()
-        if full is None:
-            full = [now, now, 0.05]
-            self.full_waits += 1
-            log.warning("%s on %s: Redis is full (maxmemory reached: %s); this worker pauses until memory frees, "
-                        "for up to %g s", what, self.stream, exc, self.full_timeout_s)
-        elif now - full[1] >= FULL_LOG_EVERY_S:
-            full[1] = now
-            log.warning("%s on %s: Redis still full after %.0f s; waiting", what, self.stream, now - full[0])
-        if now - full[0] >= self.full_timeout_s:
-            self.full_seconds += now - full[0]
-            raise RedisFull(f"{what} on stream {self.stream!r}: Redis full (maxmemory reached) for "
-                            f"{self.full_timeout_s:g} s: {exc}") from exc
+    def _keep_held(self) -> None:
+        """Reset the idle time of the entries this consumer holds (XCLAIM JUSTID, allowed while Redis is full),
+        so no other consumer reclaims them while a write of ours waits for memory."""
         if self._held:
-            try:  # reset the idle time of what we hold, so no other consumer reclaims it while we wait
-                self.client.xclaim(self.stream, self.group, self.consumer, 0, sorted(self._held), justid=True)
-            except redis.RedisError:
-                pass
-        time.sleep(full[2])
-        full[2] = min(2 * full[2], 2.0)
-        return full
-
-    def _memory_back(self, what: str, full: list[float]) -> None:
-        waited = time.monotonic() - full[0]
-        self.full_seconds += waited
-        log.warning("%s on %s: Redis has memory again; the write went through after %.1f s", what, self.stream,
-                    waited)
+            self.client.xclaim(self.stream, self.group, self.consumer, 0, sorted(self._held, key=_id_key),
+                               justid=True)
