@@ -36,6 +36,7 @@ from pcl.rounds import RoundLedger
 from pcl.runlog import METRICS_FILE, SELECTIONS_FILE, MetricsLog
 from pcl.strategies import Request, make_strategy
 from pcl.strategies.reference import REFERENCE_FILE, load_reference, pass_rates, save_reference
+from services.tracking import TRACKERS_FILE  # the tracker run ids, kept with each checkpoint
 
 REFERENCE_CHUNK = 1024  # prompts per generation call of the reference pass
 BEST_FILE = "best.json"  # the best checkpoint by the evaluation suite's average
@@ -244,7 +245,7 @@ class Coordinator:
             AutoTokenizer.from_pretrained(self.cfg.model.tokenizer or self.policy_path).save_pretrained(tmp / "policy")
         ckpt.write_json(tmp / "state.json", self.state_dict())
         ckpt.write_json(tmp / "control.json", self.control.snapshot())
-        for name in (METRICS_FILE, SELECTIONS_FILE, REFERENCE_FILE):
+        for name in (METRICS_FILE, SELECTIONS_FILE, REFERENCE_FILE, TRACKERS_FILE):
             if (run_dir / name).is_file():
                 shutil.copy2(run_dir / name, tmp / name)
         (tmp / "config.yaml").write_text(dump_config(self.cfg.model_copy(update={

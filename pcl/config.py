@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -233,6 +233,26 @@ class EvaluationConfig(Section):
                             "names it) beside the last checkpoint.keep.")
 
 
+Backend = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow", "trackio"]
+
+
+class LoggingConfig(Section):
+    """Where each step's metrics go besides RUN_DIR/metrics.jsonl (always written): experiment trackers, for
+    comparing runs. Each tracker library is imported only when named here (`services.tracking`)."""
+
+    backends: list[Backend] = Field(default_factory=lambda: ["console", "jsonl"], description="console (a line "
+                                    "per step), jsonl (always on), tensorboard, wandb, mlflow, trackio.")
+    project: str = Field("pcl", min_length=1, description="Project / experiment name in wandb, MLflow and trackio.")
+    mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI; MLFLOW_TRACKING_URI when unset, "
+                                            "else a local store in RUN_DIR/mlruns.")
+
+    @field_validator("backends")
+    @classmethod
+    def _jsonl_always(cls, backends: list[str]) -> list[str]:
+        unique = list(dict.fromkeys(backends))
+        return unique if "jsonl" in unique else ["jsonl", *unique]
+
+
 class Config(Section):
     run: RunConfig = RunConfig()
     data: DataConfig = DataConfig()
@@ -247,6 +267,7 @@ class Config(Section):
     control: ControlConfig = ControlConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
+    logging: LoggingConfig = LoggingConfig()
 
 
 # ---------------------------------------------------------------------------------------------------------
