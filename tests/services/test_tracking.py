@@ -15,6 +15,7 @@ from pcl.config import ConfigError, load_config
 from services import tracking
 from services.tracking import Trackers, check_backends, tracker_metrics
 from tests.services import tracker_readers as read
+from tests.services.control_fixtures import store  # noqa: F401 - a fixture
 
 TINY = str(Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml")
 RECORDS = [  # what the coordinator writes to metrics.jsonl: the step-0 evaluation, then one record per step
@@ -155,3 +156,25 @@ def test_trackio_local_database_holds_one_run_with_every_step_once(tmp_path, mon
     runs = read.trackio_runs(project)
     assert list(runs) == [run_id]
     assert_same_series(values(runs[run_id]), expected(5))
+
+
+@pytest.mark.redis
+def test_control_events_are_relayed_once_each_across_a_resume(store, tmp_path):  # noqa: F811 - the fixture
+    """tau / k retunes and pauses in the control state's event log (a real Redis) reach the tracker at the step
+    they took effect, each once, also when the run is resumed; other events are not relayed."""
+    cfg = load_config(TINY, ["logging.backends=[tensorboard]"])
+    first = Trackers.open(cfg, tmp_path)
+    first.commit(RECORDS[0])
+    store.add_event("params_applied", "coordinator", step=1, tau=0.4, previous={"tau": 0.5})
+    store.add_event("heartbeat_lost", "driver")
+    first.relay(store)
+    first.relay(store)  # nothing new
+    first.close()
+    resumed = Trackers.open(cfg, tmp_path, resume=True)
+    store.add_event("paused", "coordinator", step=2)
+    resumed.relay(store)
+    resumed.close()
+    texts = read.tensorboard_texts(tmp_path / "tensorboard")
+    assert texts["events/params_applied"] == ["params_applied previous={'tau': 0.5} tau=0.4"]
+    assert texts["events/paused"] == ["paused"]
+    assert "events/heartbeat_lost" not in texts
