@@ -186,18 +186,21 @@ def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: 
     import ray
     from tqdm import tqdm
 
+    from pcl.progress import TaskProgress
     from pcl.runlog import format_step_line, iter_metrics
 
     result = None
     path = run_dir / METRICS_FILE
     bar = tqdm(total=total_steps, unit="step", file=sys.stderr, dynamic_ncols=True, leave=False,
                disable=not sys.stderr.isatty())
+    task = TaskProgress(run_dir, stream)  # the coordinator's long tasks: reference pass, evaluation
     try:
         while result is None:
             done, _ = ray.wait([coordinator_ref], timeout=1.0)
             if done:
                 result = ray.get(coordinator_ref)
             records = list(iter_metrics(path))
+            task.poll()
             if on_poll is not None:
                 on_poll()
             for r in records[seen:]:
@@ -211,6 +214,7 @@ def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: 
                     tqdm.write(f"step {r['step']:>4}/{total_steps}  eval_acc {r['eval_accuracy']:.3f}", file=stream)
             seen = len(records)
     finally:
+        task.close()
         bar.close()
     return result
 
