@@ -75,9 +75,19 @@ def tracker_metrics(record: dict) -> dict[str, float]:
 
 
 def flat_config(cfg: Config) -> dict[str, Any]:
-    """The config as dotted keys (`selection.tau`), secrets left out."""
+    """The config as dotted keys (`selection.tau`), secrets left out: no control token, no password in a URL."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    def masked(url: str | None) -> str | None:
+        parts = urlsplit(url) if url else None
+        if parts is None or parts.password is None:
+            return url
+        return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+
     tree = cfg.model_dump(mode="json")
     tree["control"].pop("token", None)
+    tree["redis"]["url"] = masked(tree["redis"]["url"])
+    tree["logging"]["mlflow_tracking_uri"] = masked(tree["logging"]["mlflow_tracking_uri"])
     out: dict[str, Any] = {}
 
     def walk(prefix: str, node: Any) -> None:

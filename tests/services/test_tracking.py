@@ -6,6 +6,7 @@ tests/actors/test_tracking_run.py."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from pcl.config import ConfigError, load_config
 from services import tracking
-from services.tracking import Trackers, check_backends, tracker_metrics
+from services.tracking import Trackers, check_backends, flat_config, tracker_metrics
 from tests.services import tracker_readers as read
 from tests.services.control_fixtures import store  # noqa: F401 - a fixture
 
@@ -52,6 +53,15 @@ def test_jsonl_is_always_on_and_an_unknown_backend_is_named():
     assert load_config(TINY, ["logging.backends=[wandb]"]).logging.backends == ["jsonl", "wandb"]
     with pytest.raises(ConfigError, match="logging.backends"):
         load_config(TINY, ["logging.backends=[neptune]"])
+
+
+def test_the_config_sent_to_trackers_holds_no_secret():
+    cfg = load_config(TINY, ["control.token=" + "t" * 40, "redis.url=redis://:hunter2secret@10.0.0.5:6379/0",
+                             "logging.mlflow_tracking_uri=https://me:pw-secret@mlflow.example:5000"])
+    config = flat_config(cfg)
+    text = json.dumps(config)
+    assert "t" * 40 not in text and "hunter2secret" not in text and "pw-secret" not in text
+    assert config["redis.url"] == "redis://:***@10.0.0.5:6379/0" and config["selection.tau"] == 0.5
 
 
 def test_a_named_tracker_that_is_not_installed_stops_the_run_before_anything_starts(monkeypatch, tmp_path):
