@@ -23,6 +23,7 @@ import importlib.util
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +107,7 @@ class Trackers:
 
     def __init__(self, run_dir: Path, adapters: dict[str, Any], state: dict):
         self.run_dir, self.adapters, self.state = run_dir, adapters, state
+        self.failures: dict[str, int] = {}  # tracker -> calls that raised
 
     @classmethod
     def open(cls, cfg: Config, run_dir: str | os.PathLike, resume: bool = False,
@@ -141,9 +143,7 @@ class Trackers:
         step = int(record.get("step", -1))
         if step <= self.last_step or not self.adapters:
             return False
-        metrics = tracker_metrics(record)
-        for adapter in self.adapters.values():
-            adapter.log(metrics, step)
+        self._each("log", tracker_metrics(record), step)
         self.state["last_step"] = step
         self.save()
         return True
@@ -151,8 +151,7 @@ class Trackers:
     def event(self, step: int | None, kind: str, data: dict) -> None:
         """A control-plane change (tau / k retuned, pause, resume) as an annotation at the step it took effect."""
         text = f"{kind} " + " ".join(f"{k}={v}" for k, v in sorted(data.items()))
-        for adapter in self.adapters.values():
-            adapter.annotate(max(step or 0, self.last_step), kind, text.strip())
+        self._each("annotate", max(step or 0, self.last_step), kind, text.strip())
 
     def relay(self, store: Any) -> None:
         """Forward the control state's new events (`ControlStore`: tau / k applied, pauses) to the trackers,
@@ -175,9 +174,21 @@ class Trackers:
         """The run's summary (`pcl summary`'s figures) to each tracker, and every tracker run closed."""
         figures = {k: float(v) for k, v in summary.items()
                    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
-        for adapter in self.adapters.values():
-            adapter.summary(figures, max(self.last_step, 0))
+        self._each("summary", figures, max(self.last_step, 0))
         self.close()
+
+    def _each(self, method: str, *args: Any) -> None:
+        """Call every tracker; one that fails (its server away, a full disk) is reported on stderr and the run
+        goes on: the tracker is a copy of metrics.jsonl, not the record of the run."""
+        for name, adapter in self.adapters.items():
+            try:
+                getattr(adapter, method)(*args)
+            except Exception as exc:  # noqa: BLE001
+                self.failures[name] = self.failures.get(name, 0) + 1
+                if self.failures[name] in (1, 10, 100, 1000):
+                    print(f"pcl: warning: tracker {name}: {method} failed ({type(exc).__name__}: "
+                          f"{str(exc)[:200]}); {self.failures[name]} failure(s) so far; training goes on",
+                          file=sys.stderr, flush=True)
 
     def close(self, failed: bool = False) -> None:
         """Close every tracker run, marked failed when the run stopped on an error."""

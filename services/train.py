@@ -323,6 +323,8 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
         raise
     finally:
         trackers.close()
+        if console is not None:
+            console.close()
         if fleet is not None:
             fleet.stop()
         if control is not None:

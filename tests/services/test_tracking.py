@@ -188,3 +188,15 @@ def test_control_events_are_relayed_once_each_across_a_resume(store, tmp_path): 
     assert texts["events/params_applied"] == ["params_applied previous={'tau': 0.5} tau=0.4"]
     assert texts["events/paused"] == ["paused"]
     assert "events/heartbeat_lost" not in texts
+
+
+def test_a_tracker_that_fails_mid_run_is_reported_and_training_goes_on(tmp_path, capsys):
+    cfg = load_config(TINY, ["logging.backends=[tensorboard]"])
+    trackers = Trackers.open(cfg, tmp_path)
+    assert trackers.commit(RECORDS[0])
+    trackers.adapters["tensorboard"].writer.close()
+    trackers.adapters["tensorboard"].writer.flush = None  # its writer gone, as with a full disk: the call raises
+    assert trackers.commit(RECORDS[1]) and trackers.commit(RECORDS[2])
+    err = capsys.readouterr().err
+    assert err.count("pcl: warning: tracker tensorboard: log failed") == 1 and "training goes on" in err
+    assert trackers.last_step == 2 and trackers.failures == {"tensorboard": 2}
