@@ -27,10 +27,10 @@ class Progress:
     `stream` (default stdout) at every tenth of the total, and at the end, with the elapsed time."""
 
     def __init__(self, total: int, desc: str, unit: str = "it", stream: IO[str] | None = None,
-                 terminal: bool | None = None, lines: bool = True):
+                 terminal: bool | None = None, lines: bool = True, started: float | None = None):
         self.total, self.desc, self.unit, self.done = max(int(total), 0), desc, unit, 0
         self.stream = stream or sys.stdout
-        self.started = time.monotonic()
+        self.started = time.monotonic() if started is None else started  # time.monotonic() of the task's start
         self.lines = lines  # plain lines where there is no terminal (off where the caller prints its own)
         self.next_tenth = 1  # plain lines: the next tenth of the total to print a line at
         self.bar = None
@@ -112,7 +112,9 @@ class TaskProgress:
             return
         if self.shown is None and time.monotonic() - self.first_seen >= self.SHOW_AFTER_S \
                 and state["done"] < state["total"]:
-            self.shown = Progress(state["total"], state["task"], state.get("unit", "sample"), stream=self.stream)
+            begun = time.monotonic() - max(0.0, time.time() - float(state.get("started") or time.time()))
+            self.shown = Progress(state["total"], state["task"], state.get("unit", "sample"), stream=self.stream,
+                                  started=begun)
         if self.shown is not None:
             self.shown.set(state["done"])
             if state["done"] >= state["total"]:

@@ -46,7 +46,7 @@ def test_the_drivers_view_of_a_coordinator_task(tmp_path):
     write_progress(tmp_path, "held-out evaluation", 100, 100, started)
     view.poll()  # a short task: never shown
     assert out.getvalue() == ""
-    again = started + 1  # the same task again, long this time
+    again = time.time() - 30  # the same task again, long this time (begun 30 s ago)
     write_progress(tmp_path, "held-out evaluation", 10, 100, again)
     view.poll()
     time.sleep(0.25)
@@ -55,5 +55,7 @@ def test_the_drivers_view_of_a_coordinator_task(tmp_path):
     write_progress(tmp_path, "held-out evaluation", 100, 100, again)
     view.poll()
     view.close()
-    assert [line.split(", ")[0] for line in out.getvalue().splitlines()] == \
+    lines = out.getvalue().splitlines()
+    assert [line.split(", ")[0] for line in lines] == \
         ["pcl: held-out evaluation: 60/100 samples (60%)", "pcl: held-out evaluation: 100/100 samples (100%)"]
+    assert lines[0].endswith(", 30s")  # the time since the task began, not since it was first shown
