@@ -146,7 +146,7 @@ def summary_report(run_dirs: list[str | os.PathLike]) -> str:
         rows.append((str(run), summarize(read_metrics(path))))
     keys = list(rows[0][1])
     width = max(len(k) for k in keys)
-    lines = [" " * width + "".join(f"  {r[-24:]:>24}" for r, _ in rows)]
+    lines = [" " * width + "".join(f"  {Path(r).name[-24:]:>24}" for r, _ in rows)]  # full paths below
     for k in keys:
         cells = "".join(f"  {'-' if s.get(k) is None else format(s[k], '.3f'):>24}" for _, s in rows)
         lines.append(f"{k:<{width}}{cells}")
