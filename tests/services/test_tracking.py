@@ -200,3 +200,24 @@ def test_a_tracker_that_fails_mid_run_is_reported_and_training_goes_on(tmp_path,
     err = capsys.readouterr().err
     assert err.count("pcl: warning: tracker tensorboard: log failed") == 1 and "training goes on" in err
     assert trackers.last_step == 2 and trackers.failures == {"tensorboard": 2}
+
+
+def test_each_library_is_imported_only_when_named(tmp_path):
+    """A fresh interpreter: the driver's modules and a TensorBoard-only run import none of the other trackers."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+import services.train, services.tracking, services.cli
+from pcl.config import load_config
+from services.tracking import Trackers
+libraries = ("tensorboard", "wandb", "mlflow", "trackio")
+before = [m for m in libraries if m in sys.modules]
+Trackers.open(load_config({TINY!r}, ["logging.backends=[tensorboard]"]), {str(tmp_path)!r}).close()
+print(before, [m for m in libraries if m in sys.modules])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(TINY).parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[] ['tensorboard']"
