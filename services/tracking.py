@@ -119,17 +119,20 @@ class Trackers:
         run_dir = Path(run_dir)
         state = read_state(run_dir, checkpoint) if resume else {}
         ids = state.setdefault("ids", {})
-        adapters = {}
+        trackers = cls(run_dir, {}, state)
         for name in cfg.logging.backends:
-            if name in LIBRARIES:
-                adapters[name] = tb.ADAPTERS[name](cfg, run_dir, ids.get(name))
-                ids[name] = adapters[name].run_id
-        trackers = cls(run_dir, adapters, state)
+            if name not in LIBRARIES:
+                continue
+            try:  # no login, a server out of reach, a bad URI: named before any actor starts
+                trackers.adapters[name] = tb.ADAPTERS[name](cfg, run_dir, ids.get(name))
+            except Exception as exc:  # noqa: BLE001 - any library's error, reported as a configuration problem
+                trackers.close(failed=True)
+                why = " ".join(str(exc).split())[:300] or type(exc).__name__
+                raise ConfigError(f"logging.backends: {name} could not start its run: {why}") from None
+            ids[name] = trackers.adapters[name].run_id
         trackers.save()
         if not state.get("config_logged"):
-            config = flat_config(cfg)
-            for adapter in adapters.values():
-                adapter.log_config(config)
+            trackers._each("log_config", flat_config(cfg))
             state["config_logged"] = True
             trackers.save()
         return trackers

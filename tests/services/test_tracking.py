@@ -221,3 +221,13 @@ print(before, [m for m in libraries if m in sys.modules])
                          cwd=Path(TINY).parents[1])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[] ['tensorboard']"
+
+
+def test_a_tracker_that_cannot_start_is_a_configuration_error(tmp_path):
+    """MLflow pointed at a store it cannot open (a file where its directory should be): a ConfigError naming
+    the tracker."""
+    (tmp_path / "taken").write_text("a file")
+    cfg = load_config(TINY, ["logging.backends=[tensorboard,mlflow]",
+                             f"logging.mlflow_tracking_uri=sqlite:///{tmp_path}/taken/mlflow.db"])
+    with pytest.raises(ConfigError, match="logging.backends: mlflow could not start its run"):
+        Trackers.open(cfg, tmp_path)
