@@ -9,13 +9,18 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo -n)
 
 .PHONY: demo test test-slow test-all test-tools bench experiment install clean
 
+# Setup is quiet: each step's output goes to $(VENV)/install.log, and is shown only when the step fails.
+QUIET = >>$(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; echo "make: setup failed (log: $(VENV)/install.log)"; exit 1; }
+
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	# CPU torch where there is no GPU: the pinned CPU build, before anything can pull a CUDA build.
-	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/python -m pip install --quiet torch==2.13.0; fi
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	@echo "make: setting up $(VENV) (a few minutes the first time; log in $(VENV)/install.log)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@: > $(VENV)/install.log
+	@$(BIN)/python -m pip install --quiet --upgrade pip $(QUIET)
+	@# CPU torch where there is no GPU: the pinned CPU build, before anything can pull a CUDA build.
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/python -m pip install --quiet torch==2.13.0; fi $(QUIET)
+	@$(BIN)/python -m pip install --quiet -e '.[test]' $(QUIET)
+	@touch $(STAMP)
 
 install: $(STAMP)
 

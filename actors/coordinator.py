@@ -31,11 +31,13 @@ from pcl import checkpoint as ckpt
 from pcl.batch import group_samples, training_sequences
 from pcl.config import Config, dump_config, redacted
 from pcl.data import PromptRecord
+from pcl.progress import write_progress
 from pcl.rl import effective_ratio, explained_variance
 from pcl.rounds import RoundLedger
 from pcl.runlog import METRICS_FILE, SELECTIONS_FILE, MetricsLog
 from pcl.strategies import Request, make_strategy
 from pcl.strategies.reference import REFERENCE_FILE, load_reference, pass_rates, save_reference
+from services.tracking import TRACKERS_FILE  # the tracker run ids, kept with each checkpoint
 
 REFERENCE_CHUNK = 1024  # prompts per generation call of the reference pass
 BEST_FILE = "best.json"  # the best checkpoint by the evaluation suite's average
@@ -249,7 +251,7 @@ class Coordinator:
                 tokenizer.save_pretrained(tmp / "policy")
             ckpt.write_json(tmp / "state.json", self.state_dict())
             ckpt.write_json(tmp / "control.json", self.control.snapshot())
-            for name in (METRICS_FILE, SELECTIONS_FILE, REFERENCE_FILE):
+            for name in (METRICS_FILE, SELECTIONS_FILE, REFERENCE_FILE, TRACKERS_FILE):
                 if (run_dir / name).is_file():
                     shutil.copy2(run_dir / name, tmp / name)
             (tmp / "config.yaml").write_text(dump_config(redacted(self.cfg, token_mask=None)))
@@ -392,11 +394,13 @@ class Coordinator:
                 raise RuntimeError(f"{path}: no reference pass rates for these prompts with n_pre={n_pre}, and "
                                    f"the initial policy is gone (policy version {self.policy_version})")
             with timer("reference_seconds"):  # in chunks, so the streams never hold the whole set at once
-                rates = {}
+                rates, started = {}, time.time()
                 for start in range(0, len(prompts), REFERENCE_CHUNK):
                     chunk = [(p, n_pre, 0) for p in prompts[start:start + REFERENCE_CHUNK]]
+                    progress = self.progress("reference pass rates", start * n_pre, len(prompts) * n_pre, started)
                     rates.update(pass_rates(self.rollouts.generate_rollouts(0, 0, chunk, tag="reference",
-                                                                       on_wait=self.check_fleet)))
+                                                                       on_wait=self.check_fleet,
+                                                                       on_progress=progress)))
             save_reference(path, self.cfg.model.path, prompts, n_pre, rates)
         self.reference = rates or {}
         if n_pre:
@@ -443,7 +447,7 @@ class Coordinator:
         for name, prompts in self.suite.items():
             samples = self.rollouts.generate_rollouts(step, self.policy_version, [(p, ks[name], 0) for p in prompts],
                                                       temperature=ev.temperature, tag="suite", on_wait=self.check_fleet,
-                                                      sampling=sampling)
+                                                      sampling=sampling, on_progress=self.progress(f"evaluation {name}"))
             rewards: dict[str, list[float]] = {}
             for sample in samples:
                 rewards.setdefault(sample.prompt_id, []).append(sample.reward)
@@ -468,8 +472,21 @@ class Coordinator:
             return float("nan")
         samples = self.rollouts.generate(step, self.policy_version, self.eval_prompts, self.cfg.run.eval_samples,
                                          temperature=self.cfg.run.eval_temperature, evaluation=True,
-                                         on_wait=self.check_fleet)
+                                         on_wait=self.check_fleet, on_progress=self.progress("held-out evaluation"))
         return float(np.mean([s.reward for s in samples]))
+
+    def progress(self, task: str, offset: int = 0, total: int | None = None, started: float | None = None):
+        """A generate call's `on_progress`: the task's samples so far in RUN_DIR/progress.json (at most twice a
+        second), which the driver shows as a bar or plain lines."""
+        last, started = [0.0], started or time.time()
+
+        def report(done: int, expected: int) -> None:
+            now = time.monotonic()
+            if now - last[0] >= 0.5 or done == expected:
+                last[0] = now
+                write_progress(self.run_dir, task, offset + done, total or expected, started)
+
+        return report
 
 
 def _mean(values: list[float]) -> float | None:

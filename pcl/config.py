@@ -259,6 +259,26 @@ class EvaluationConfig(Section):
                             "names it) beside the last checkpoint.keep.")
 
 
+Backend = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow", "trackio"]
+
+
+class LoggingConfig(Section):
+    """Where each step's metrics go besides RUN_DIR/metrics.jsonl (always written): experiment trackers, for
+    comparing runs. Each tracker library is imported only when named here (`services.tracking`)."""
+
+    backends: list[Backend] = Field(default_factory=lambda: ["console", "jsonl"], description="console (a line "
+                                    "per step), jsonl (always on), tensorboard, wandb, mlflow, trackio.")
+    project: str = Field("pcl", min_length=1, description="Project / experiment name in wandb, MLflow and trackio.")
+    mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI; MLFLOW_TRACKING_URI when unset, "
+                                            "else a local store in RUN_DIR/mlruns.")
+
+    @field_validator("backends")
+    @classmethod
+    def _jsonl_always(cls, backends: list[str]) -> list[str]:
+        unique = list(dict.fromkeys(backends))
+        return unique if "jsonl" in unique else ["jsonl", *unique]
+
+
 class Config(Section):
     run: RunConfig = RunConfig()
     data: DataConfig = DataConfig()
@@ -273,6 +293,7 @@ class Config(Section):
     control: ControlConfig = ControlConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
+    logging: LoggingConfig = LoggingConfig()
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -123,8 +123,42 @@ def summarize(records: list[dict]) -> dict:
         "step_seconds_mean": mean(steps, "step_seconds"),
         "generation_seconds_mean": mean(steps, "generation_seconds"),
         "selection_seconds_mean": mean(steps, "selection_seconds"),
+        "train_seconds_mean": mean(steps, "train_seconds"),
+        "weight_sync_seconds_mean": mean(steps, "weight_sync_seconds"),
         "elapsed_seconds": steps[-1].get("elapsed_seconds") if steps else None,
     }
     if evals:
         out["eval_gain_points"] = 100 * (out["eval_accuracy_final"] - out["eval_accuracy_start"])
     return out
+
+
+def summary_report(run_dirs: list[str | os.PathLike]) -> str:
+    """`pcl summary`'s text: the figures of `summarize` side by side, one column per run, then for each run its
+    held-out accuracy in words, its step time split and where its checkpoints and metrics are. A run directory
+    without metrics.jsonl raises FileNotFoundError."""
+    from pcl import checkpoint as ckpt
+
+    rows = []
+    for run in run_dirs:
+        path = Path(run) / METRICS_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{run}: no {METRICS_FILE} here")
+        rows.append((str(run), summarize(read_metrics(path))))
+    keys = list(rows[0][1])
+    width = max(len(k) for k in keys)
+    lines = [" " * width + "".join(f"  {Path(r).name[-24:]:>24}" for r, _ in rows)]  # full paths below
+    for k in keys:
+        cells = "".join(f"  {'-' if s.get(k) is None else format(s[k], '.3f'):>24}" for _, s in rows)
+        lines.append(f"{k:<{width}}{cells}")
+    for run, s in rows:
+        lines.append(f"{run}:")
+        if s.get("eval_accuracy_start") is not None:
+            lines.append(f"  held-out accuracy {s['eval_accuracy_start']:.3f} -> {s['eval_accuracy_final']:.3f} "
+                         f"(best {s['eval_accuracy_best']:.3f}), {s['eval_gain_points']:+.1f} points")
+        split = [(name, s.get(f"{name}_seconds_mean")) for name in ("selection", "generation", "train", "weight_sync")]
+        if s.get("step_seconds_mean"):
+            lines.append(f"  {s['step_seconds_mean']:.2f} s/step: " + ", ".join(
+                f"{name} {v:.2f}s ({100 * v / s['step_seconds_mean']:.0f}%)" for name, v in split if v is not None))
+        newest = ckpt.latest(Path(run) / "checkpoints")
+        lines.append(f"  metrics {Path(run) / METRICS_FILE}; checkpoint {newest or 'none'}")
+    return "\n".join(lines)

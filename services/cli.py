@@ -7,6 +7,8 @@
     pcl status [--url URL] [--json]                        a run's status, as a table
     pcl probe-batch CONFIG [--sizes B,...] [--repeats R] [key=value ...]   generation time over batch sizes
     pcl experiment CONFIG [--report-only]                   a strategy comparison and its report
+    pcl summary RUN_DIR ... [--plot [PNG]]                  runs' headline figures side by side
+    pcl plot RUN_DIR ... [--out PNG] [--labels a,b]         runs' curves overlaid in one PNG
     pcl eval --model PATH|tiny [--suite math500,aime24,...] [--k 32|aime24=8,...] [--limit N] [--out DIR]
              [--temperature 0.6 --top-p 0.95 --top-k 20] [--template qwen_base] [--engine auto|hf|vllm]
                                                            avg@k per benchmark: a table, eval.json, eval.md
@@ -136,23 +138,28 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from pcl.runlog import summary_report
 
-    from pcl.runlog import METRICS_FILE, read_metrics, summarize
+    try:
+        print(summary_report(args.run_dirs))
+    except FileNotFoundError as exc:
+        print(f"pcl: {exc}", file=sys.stderr)
+        return 2
+    if args.plot is not None:
+        from services.run_plot import plot_runs
 
-    rows = []
-    for run in args.run_dirs:
-        path = Path(run) / METRICS_FILE
-        if not path.is_file():
-            print(f"pcl: {run}: no {METRICS_FILE} here", file=sys.stderr)
-            return 2
-        rows.append((run, summarize(read_metrics(path))))
-    keys = list(rows[0][1])
-    width = max(len(k) for k in keys)
-    print(" " * width + "".join(f"  {r[:24]:>24}" for r, _ in rows))
-    for k in keys:
-        cells = "".join(f"  {'-' if s.get(k) is None else format(s[k], '.3f'):>24}" for _, s in rows)
-        print(f"{k:<{width}}{cells}")
+        print(f"pcl: wrote {plot_runs(args.run_dirs, args.plot or None)}")
+    return 0
+
+
+def _cmd_plot(args: argparse.Namespace) -> int:
+    from services.run_plot import plot_runs
+
+    try:
+        print(f"pcl: wrote {plot_runs(args.run_dirs, args.out, labels=args.labels)}")
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        print(f"pcl: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -228,7 +235,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("summary", help="headline figures of finished or running runs, side by side")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--plot", nargs="?", const="", default=None, metavar="PNG",
+                   help="also write the runs' curves to PNG (default: curves.png in the first run dir)")
     p.set_defaults(func=_cmd_summary)
+
+    p = sub.add_parser("plot", help="a PNG of runs' curves: held-out accuracy, effective ratio, generation time, "
+                       "train reward, V's explained variance")
+    p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    p.add_argument("--out", help="the PNG to write (default: curves.png in the first run dir)")
+    p.add_argument("--labels", help="comma-separated legend labels, one per run (default: the run dirs' names)")
+    p.set_defaults(func=_cmd_plot)
 
     p = sub.add_parser("control", help="serve a run's control plane (API, /metrics, dashboard) from its Redis")
     p.add_argument("--redis-url", help="the run's Redis (default: redis.url of --config, or REDIS_URL)")

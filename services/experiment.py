@@ -101,7 +101,9 @@ def run_experiment(path: str | Path) -> int:
                 run_dir.mkdir(parents=True)
                 reference = reference or reference_cache(exp, configs[(arm, seed)], seed)
                 shutil.copy(reference, run_dir / reference.name.split("@")[0])
-                print(f"pcl experiment: {arm}, seed {seed} ({time.perf_counter() - started:.0f}s in)", flush=True)
+                done = sum((exp.runs_path / f"{a}-seed{s}" / "summary.json").is_file() for s, a in configs)
+                print(f"pcl experiment: run {done + 1}/{len(configs)}: {arm}, seed {seed} "
+                      f"({time.perf_counter() - started:.0f}s in)", flush=True)
                 try:  # one failed run must not cost the hour: it is recorded, and the others go on
                     run_training(configs[(arm, seed)], run_dir=str(run_dir))
                 except Exception as exc:  # noqa: BLE001
@@ -154,14 +156,17 @@ def measure_reference(cfg, policy_path: str, prompts: list, n_pre: int, chunk: i
     """Mean verified reward of n_pre samples of each prompt from the initial policy (one process, HF engine)."""
     from pcl.engines import make_engine
     from pcl.engines.base import SamplingParams
+    from pcl.progress import Progress
     from pcl.reward import math_reward
 
     engine = make_engine(cfg.rollout.model_copy(update={"engine": "hf"}), policy_path, cfg.run.seed, device="cpu")
     params = SamplingParams.from_rollout_config(cfg.rollout, n=n_pre)
     rates = {}
-    for start in range(0, len(prompts), chunk):
-        batch = prompts[start:start + chunk]
-        for p, group in zip(batch, engine.generate([list(p.prompt_token_ids) for p in batch], params)):
-            rewards = [0.0 if g.finish_reason == "length" else math_reward(g.text, p.answer) for g in group]
-            rates[p.id] = sum(rewards) / len(rewards)
+    with Progress(len(prompts), f"reference pass rates ({n_pre} samples each)", "prompt") as bar:
+        for start in range(0, len(prompts), chunk):
+            batch = prompts[start:start + chunk]
+            for p, group in zip(batch, engine.generate([list(p.prompt_token_ids) for p in batch], params)):
+                rewards = [0.0 if g.finish_reason == "length" else math_reward(g.text, p.answer) for g in group]
+                rates[p.id] = sum(rewards) / len(rewards)
+            bar.update(len(batch))
     return rates

@@ -12,6 +12,7 @@ after one warm-up call; the median counts. n stays the configured run.n; m = b /
 from __future__ import annotations
 
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -49,6 +50,7 @@ def measure(cfg: Config, sizes: list[int], repeats: int, log: Callable[[str], No
     """Median generation seconds of each batch size on a freshly started fleet: [{b, m, n, seconds}]."""
     import ray
 
+    from pcl.progress import Progress
     from services.fleet import RolloutClient
     from services.redis_server import open_redis
     from services.train import prepare, start_ray
@@ -68,16 +70,19 @@ def measure(cfg: Config, sizes: list[int], repeats: int, log: Callable[[str], No
             client = RolloutClient(cfg, redis.url)
             client.generate(0, 0, prep.train_prompts[:8], n)  # warm-up: first-call costs are not the batch's
             rows, step = [], 1
-            for b in usable:
-                m = b // n
-                times = []
-                for _ in range(repeats):
-                    start = time.perf_counter()
-                    client.generate(step, 0, prep.train_prompts[:m], n)
-                    times.append(time.perf_counter() - start)
-                    step += 1  # a fresh step each call: nothing of an earlier call is ever collected
-                rows.append({"b": m * n, "m": m, "n": n, "seconds": statistics.median(times)})
-                log(f"  b={m * n:>7}  {rows[-1]['seconds']:8.3f} s")
+            # the samples of every timed call: a bar on a terminal, else a line at each tenth
+            with Progress(sum(b // n * n for b in usable) * repeats, "probe-batch", "sample", stream=sys.stderr) as bar:
+                for b in usable:
+                    m = b // n
+                    times = []
+                    for _ in range(repeats):
+                        start, before = time.perf_counter(), bar.done
+                        client.generate(step, 0, prep.train_prompts[:m], n,
+                                        on_progress=lambda done, _total, before=before: bar.set(before + done))
+                        times.append(time.perf_counter() - start)
+                        step += 1  # a fresh step each call: nothing of an earlier call is ever collected
+                    rows.append({"b": m * n, "m": m, "n": n, "seconds": statistics.median(times)})
+                    log(f"  b={m * n:>7}  {rows[-1]['seconds']:8.3f} s")
             return rows
         finally:
             for actor in actors:

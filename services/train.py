@@ -61,7 +61,9 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     """Everything that can fail on bad input, done before Redis, Ray or any actor starts."""
     from pcl.data import load_prompts
     from pcl.strategies import make_strategy
+    from services.tracking import check_backends
 
+    check_backends(cfg)  # a tracker named but not installed: named with its extra, before anything starts
     try:  # a strategy that does not fit the run fails here, not mid-run
         make_strategy(cfg.selection, cfg.run.m, cfg.run.seed, n=cfg.run.n)
     except ValueError as exc:
@@ -182,28 +184,34 @@ def start_ray() -> bool:
     return True
 
 
-def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: int = 0, tick=None) -> dict:
+def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: int = 0, on_record=None,
+           on_poll=None) -> dict:
     """Print each new metrics line as the coordinator writes it (after the first `seen`), with a progress bar,
-    until it finishes; `tick()`, when given, is called every second (the driver's watch on its Redis)."""
+    until it finishes; each new record goes to `on_record(record)` too, and `on_poll()` runs every second."""
     stream = stream or sys.stdout  # looked up now: sys.stdout may have been replaced since import
     import ray
     from tqdm import tqdm
 
+    from pcl.progress import TaskProgress
     from pcl.runlog import format_step_line, iter_metrics
 
     result = None
     path = run_dir / METRICS_FILE
     bar = tqdm(total=total_steps, unit="step", file=sys.stderr, dynamic_ncols=True, leave=False,
                disable=not sys.stderr.isatty())
+    task = TaskProgress(run_dir, stream)  # the coordinator's long tasks: reference pass, evaluation
     try:
         while result is None:
-            if tick is not None:
-                tick()
             done, _ = ray.wait([coordinator_ref], timeout=1.0)
             if done:
                 result = ray.get(coordinator_ref)
             records = list(iter_metrics(path))
+            task.poll()
+            if on_poll is not None:
+                on_poll()
             for r in records[seen:]:
+                if on_record is not None:
+                    on_record(r)
                 if "effective_ratio" in r:
                     tqdm.write(format_step_line(r, total_steps), file=stream)
                     bar.n = r["step"]
@@ -212,6 +220,7 @@ def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: 
                     tqdm.write(f"step {r['step']:>4}/{total_steps}  eval_acc {r['eval_accuracy']:.3f}", file=stream)
             seen = len(records)
     finally:
+        task.close()
         bar.close()
     return result
 
@@ -259,6 +268,11 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
           flush=True)
     for partial in ckpt.remove_partial(prep.run_dir / "checkpoints"):  # one driver per run dir: none is ours
         print(f"pcl: removed {partial}, a partial checkpoint of an interrupted write", flush=True)
+    from services.tracking import Trackers
+
+    # the trackers' runs (new, or the resumed run's) open before Redis and the actors: a failure costs nothing
+    trackers = Trackers.open(cfg, prep.run_dir, resume=resume is not None, checkpoint=prep.checkpoint)
+    console = None if "console" in cfg.logging.backends else open(os.devnull, "w")  # noqa: SIM115
     redis = open_redis(cfg.redis, prep.run_dir / "redis")
     if redis.embedded and os.environ.get("RAY_ADDRESS"):
         print("pcl: warning: no redis.url / REDIS_URL with a Ray cluster: the embedded Redis listens on this host "
@@ -288,8 +302,9 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
                     MetricsLog(prep.run_dir, SELECTIONS_FILE).truncate_after(-1)
                 print(f"pcl: actors up in {time.perf_counter() - started:.1f}s; training", flush=True)
                 done = len(read_metrics(prep.run_dir / METRICS_FILE)) if (prep.run_dir / METRICS_FILE).exists() else 0
-                summary = follow(fleet.coordinator.run.remote(), prep.run_dir, cfg.run.steps, seen=done,
-                                 tick=keep_redis)
+                summary = follow(fleet.coordinator.run.remote(), prep.run_dir, cfg.run.steps, stream=console,
+                                 seen=done, on_record=trackers.commit,
+                                 on_poll=lambda: (keep_redis(), trackers.relay(control.store)))
                 break
             except Exception as exc:
                 if not recoverable(exc) or restarts >= cfg.checkpoint.max_restarts:
@@ -305,14 +320,23 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
         summary["redis_restarts"] = keep_redis.restarts
         summary["total_seconds"] = time.perf_counter() - started
         (prep.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        print(f"pcl: done: {summary['steps']} steps in {summary['total_seconds']:.0f}s; "
-              f"metrics in {prep.run_dir / 'metrics.jsonl'}", flush=True)
+        from pcl.runlog import summarize, summary_report
+
+        trackers.relay(control.store)
+        trackers.finish({**summarize(read_metrics(prep.run_dir / METRICS_FILE)), "restarts": restarts,
+                         "total_seconds": summary["total_seconds"]})
+        print(f"pcl: done: {summary['steps']} steps in {summary['total_seconds']:.0f}s\n"
+              + summary_report([prep.run_dir]), flush=True)
         return 0
     except BaseException as exc:
+        trackers.close(failed=True)
         if control is not None:
             control.failed(exc)
         raise
     finally:
+        trackers.close()
+        if console is not None:
+            console.close()
         if fleet is not None:
             fleet.stop()
         if control is not None:

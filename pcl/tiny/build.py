@@ -35,6 +35,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from pcl.progress import Progress
 from pcl.tiny.task import LEVELS, format_prompt, make_dataset
 from pcl.tiny.tokenizer import build_tokenizer
 
@@ -172,7 +173,7 @@ def warm_up(model, input_ids: torch.Tensor, labels: torch.Tensor, steps: int, ba
 
 
 def measure_pass_rates(model, tokenizer, rows: list[dict], samples: int, seed: int,
-                       batch_prompts: int = 128) -> list[float]:
+                       batch_prompts: int = 128, progress: Callable[[int], None] | None = None) -> list[float]:
     """Per-prompt pass rate: the mean reward of `samples` responses sampled at temperature 1.
 
     Batched HF generate with left padding; max_new_tokens is the batch's longest answer + 2, and a
@@ -200,6 +201,8 @@ def measure_pass_rates(model, tokenizer, rows: list[dict], samples: int, seed: i
                 answer = response[: response.index(tokenizer.eos_token_id)]
                 rewards.append(math_reward(tokenizer.decode(answer, skip_special_tokens=True), row["answer"]))
             rates.append(sum(rewards) / samples)
+        if progress is not None:
+            progress(len(chunk))
     return rates
 
 
@@ -305,7 +308,7 @@ def build_tiny(
     if probe_from < 1 or probe_every < 1:
         raise ValueError(f"probe_from and probe_every must be >= 1, got {probe_from} and {probe_every}")
     target = Path(out_dir) if out_dir is not None else tiny_dir(seed)
-    log = print if verbose else (lambda _msg: None)
+    log = (lambda msg: print(msg, flush=True)) if verbose else (lambda _msg: None)  # flushed: logs show it live
     wanted = {"format": BUILD_FORMAT, "seed": seed, "warmup_steps": steps, "decay_steps": WARMUP_DECAY_STEPS,
               "measure_prompts": measure_prompts, "target_pass_rate": target_pass_rate, "probe_from": probe_from,
               "probe_every": probe_every}
@@ -318,7 +321,7 @@ def build_tiny(
     _remove_stale_staging(target)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
     try:
-        _build_into(staging, seed, steps, measure_prompts, log, target_pass_rate, probe_from, probe_every)
+        _build_into(staging, seed, steps, measure_prompts, log, target_pass_rate, probe_from, probe_every, verbose)
         (staging / MARKER).write_text(json.dumps(wanted) + "\n")  # last: the build is complete
         staging.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
         recorded = _marker(target)
@@ -369,7 +372,7 @@ def _probe_stop(model, tokenizer, rows: list[dict], seed: int, target_pass_rate:
 
 
 def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Callable[[str], None],
-                target_pass_rate: float | None, probe_from: int, probe_every: int) -> None:
+                target_pass_rate: float | None, probe_from: int, probe_every: int, verbose: bool = False) -> None:
     """All of a build's files but the marker."""
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
@@ -402,7 +405,10 @@ def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Cal
         _save_quietly(model, out)
         log(f"measuring pass rates: {MEASURE_SAMPLES} samples x {measure_prompts} training prompts")
         measure_started = time.perf_counter()
-        rates = measure_pass_rates(model, tokenizer, train_rows[:measure_prompts], MEASURE_SAMPLES, seed=seed)
+        with Progress(measure_prompts, "measuring pass rates", "prompt", lines=verbose,
+                      terminal=None if verbose else False) as bar:
+            rates = measure_pass_rates(model, tokenizer, train_rows[:measure_prompts], MEASURE_SAMPLES, seed=seed,
+                                       progress=bar.update)
         measure_seconds = time.perf_counter() - measure_started
     summary = summarize(rates, [r["difficulty"] for r in train_rows[:measure_prompts]])
     taken = len(losses)

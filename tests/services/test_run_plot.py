@@ -1,0 +1,56 @@
+"""`pcl plot` / `pcl summary --plot` and `pcl summary`'s report, on run directories written here: the PNG holds
+one panel per curve with every run overlaid; the report names each run's figures, step time split and files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pcl.runlog import summary_report
+from services.cli import main
+from services.run_plot import PANELS, plot_runs
+
+
+def write_run(run_dir: Path, ratio: float, with_value: bool) -> Path:
+    run_dir.mkdir(parents=True)
+    rows = [{"step": 0, "eval_accuracy": 0.3}]
+    for s in range(1, 21):
+        rows.append({"step": s, "effective_ratio": ratio, "train_reward_mean": 0.4 + s / 100,
+                     "generation_seconds": 0.5, "selection_seconds": 0.1, "train_seconds": 0.3,
+                     "weight_sync_seconds": 0.1, "step_seconds": 1.0,
+                     "value_explained_variance": 0.4 if with_value else None,
+                     **({"eval_accuracy": 0.3 + s / 100} if s % 10 == 0 else {})})
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_dir
+
+
+def test_plot_overlays_runs_in_one_png(tmp_path):
+    import matplotlib.image
+
+    a = write_run(tmp_path / "pcl", 0.8, True)
+    b = write_run(tmp_path / "uniform", 0.6, False)
+    out = plot_runs([a, b], tmp_path / "out" / "curves.png", labels="PCL,uniform GRPO")
+    image = matplotlib.image.imread(out)
+    assert image.shape[0] >= 600 and image.shape[1] >= 1200  # a 2 x 3 grid of panels
+    assert len(PANELS) == 5
+    assert plot_runs([a]) == a / "curves.png" and (a / "curves.png").is_file()
+    with pytest.raises(ValueError, match="2 labels for 1 runs"):
+        plot_runs([a], labels=["x", "y"])
+    with pytest.raises(FileNotFoundError, match="no metrics.jsonl"):
+        plot_runs([tmp_path / "nowhere"])
+
+
+def test_summary_report_and_the_cli(tmp_path, capsys):
+    a = write_run(tmp_path / "pcl", 0.8, True)
+    b = write_run(tmp_path / "uniform", 0.6, False)
+    text = summary_report([a, b])
+    assert "held-out accuracy 0.300 -> 0.500 (best 0.500), +20.0 points" in text
+    assert "1.00 s/step: selection 0.10s (10%), generation 0.50s (50%), train 0.30s (30%), weight_sync 0.10s (10%)" \
+        in text
+    assert f"metrics {a / 'metrics.jsonl'}; checkpoint none" in text
+    assert main(["summary", str(a), str(b), "--plot", str(tmp_path / "both.png")]) == 0
+    assert (tmp_path / "both.png").is_file() and "effective_ratio_mean" in capsys.readouterr().out
+    assert main(["plot", str(a), str(tmp_path / "nowhere")]) == 2
+    assert "nowhere: no metrics.jsonl here" in capsys.readouterr().err
