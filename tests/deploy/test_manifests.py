@@ -111,9 +111,11 @@ def test_cpu_profile_is_the_gpu_profile_without_gpus(compose):
     cpu = {name for name, s in services.items() if "cpu" in s.get("profiles", [])}
     gpu = {name for name, s in services.items() if "gpu" in s.get("profiles", [])}
     always = {name for name, s in services.items() if not s.get("profiles")}
-    assert cpu == {"ray-cpu-head", "ray-cpu-worker-rollout", "ray-cpu-worker-learner", "submit-cpu"}
-    assert gpu == {"ray-head", "ray-gpu-worker", "submit"} and always == {"redis", "prometheus"}
-    for name in cpu | always:
+    assert cpu == {"ray-cpu-head", "ray-cpu-worker-rollout", "ray-cpu-worker-learner"}
+    assert gpu == {"ray-head", "ray-gpu-worker"} and always == {"redis", "prometheus"}
+    # the submitters have profiles of their own: `up` submits nothing, `run` starts the one it names
+    assert services["submit-cpu"]["profiles"] == ["cpu-submit"] and services["submit"]["profiles"] == ["gpu-submit"]
+    for name in cpu | always | {"submit-cpu"}:
         assert "devices" not in json.dumps(services[name].get("deploy", {})), name
         assert services[name]["image"] != "pcl:gpu", name
     head = services["ray-cpu-head"]
