@@ -120,8 +120,9 @@ def test_cpu_profile_is_the_gpu_profile_without_gpus(compose):
         assert services[name]["image"] != "pcl:gpu", name
     head = services["ray-cpu-head"]
     assert head["build"]["target"] == "cpu" and head["hostname"] == "pcl-head"
-    assert [a for a in head["command"] if not a.startswith("--num-")] == \
-        [a for a in services["ray-head"]["command"] if not a.startswith("--num-")]
+    sizing = ("--num-", "--object-store-memory=")  # what differs between a CPU and a GPU head
+    assert [a for a in head["command"] if not a.startswith(sizing)] == \
+        [a for a in services["ray-head"]["command"] if not a.startswith(sizing)]
     submit = services["submit-cpu"]
     assert submit["entrypoint"] == services["submit"]["entrypoint"]
     assert submit["environment"]["RAY_ADDRESS"] == "http://pcl-head:8265"
