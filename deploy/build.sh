@@ -49,7 +49,7 @@ if [[ " ${targets[*]} " == *" cpu "* ]]; then
       --platform manylinux_2_28_x86_64 -d deploy/wheels "torch==2.13.0+cpu" >/dev/null 2>&1 || true
   fi
   if ls deploy/wheels/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then
-    args+=(--build-arg "TORCH_WHEELS=deploy/wheels")
+    args+=(--build-arg "TORCH_SOURCE=wheels")
     echo "build: torch from $(ls deploy/wheels/torch-2.13.0+cpu-*.whl | head -1)" >&2
   fi
 fi

@@ -44,8 +44,10 @@ def test_dockerfile_builds_every_image_from_debian_with_pcl_non_root():
     assert "python3 python3-venv" in found["python"][1]
     # torch's source is a build argument: a wheel directory in the context, or the CPU index
     cpu = found["cpu"][1]
-    assert "ARG TORCH_WHEELS=" in cpu and "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in cpu
-    assert '--find-links "/context/$TORCH_WHEELS" "torch==2.13.0+cpu"' in cpu
+    assert "ARG TORCH_SOURCE=index" in cpu and "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in cpu
+    assert "--mount=type=bind,source=deploy/wheels,target=/wheels" in cpu  # the wheels only: a stable cache key
+    assert 'wheels) pip install --find-links /wheels "torch==2.13.0+cpu"' in cpu
+    assert (REPO / "deploy" / "wheels" / ".gitkeep").exists()
     assert 'pip install --index-url "$TORCH_INDEX" torch==2.13.0' in cpu
     # the pins of the GPU image go together (vLLM 0.32.0 requires torch==2.13.0)
     for pin in ("vllm==0.32.0", "torch==2.13.0", "ray[default]==2.60.0"):
