@@ -115,6 +115,14 @@ def state(d: Deployment, what: str) -> list[dict]:
     return data["result"] if isinstance(data, dict) else data
 
 
+def alive_resources(d: Deployment) -> set[str]:
+    """The resources the cluster's alive nodes offer; none while the head's API does not answer yet."""
+    try:
+        return {r for n in state(d, "nodes") if n["state"] == "ALIVE" for r in n["resources_total"]}
+    except AssertionError:
+        return set()
+
+
 def run_dir_steps(d: Deployment) -> list[int]:
     out = d.compose("exec", "-T", "ray-cpu-head", "cat", "/runs/tiny/metrics.jsonl", check=False)
     return [r["step"] for r in (json.loads(line) for line in out.splitlines() if line.strip())
@@ -159,6 +167,12 @@ def test_the_tiny_run_as_a_ray_job_survives_a_killed_worker_container(deployment
     d = deployment
     status, _ = http(d.url("RAY_DASHBOARD_PORT", "/api/v0/nodes"))
     assert status in (401, 403), status  # the job API and the state API ask for Ray's token
+    # The workers join the head (on a busy host a worker's first start can time out; its restart policy retries).
+    started, deadline = time.monotonic(), time.monotonic() + 600
+    while not {"rollout", "learner"} <= alive_resources(d):
+        assert time.monotonic() < deadline, "the worker containers never joined the head"
+        time.sleep(2)
+    TIMINGS["workers_joined_s"] = time.monotonic() - started
     rollout_ips = {d.ip("ray-cpu-worker-rollout")}
     learner_ip = d.ip("ray-cpu-worker-learner")
     started = time.monotonic()
