@@ -149,7 +149,7 @@ def deployment():
     finally:
         started = time.monotonic()
         d.down()
-        TIMINGS["down_s"] = time.monotonic() - started
+        TIMINGS.setdefault("down_s", time.monotonic() - started)
         print("\ntest-deploy timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in TIMINGS.items()))
 
 
@@ -197,6 +197,8 @@ def test_the_tiny_run_as_a_ray_job_survives_a_killed_worker_container(deployment
             time.sleep(1)
         killed_at_step = len(run_dir_steps(d)) + 1
         rollout = d.container("ray-cpu-worker-rollout")
+        old_node = next(n["node_id"] for n in state(d, "nodes")
+                        if n["state"] == "ALIVE" and "rollout" in n["resources_total"])
         sh("docker", "kill", rollout)
         killed = time.monotonic()
         time.sleep(3)
@@ -217,12 +219,19 @@ def test_the_tiny_run_as_a_ray_job_survives_a_killed_worker_container(deployment
     assert steps_logged(tmp_path / "run") == list(range(1, STEPS + 1))
     records = assert_each_step_once_and_exact_batches(tmp_path / "run", STEPS)
     assert records[-1]["dead_letters"] == 0
+    assert records[-1]["worker_reloads"] >= 1  # the restarted rollout worker got the current weights
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["restarts"] == 0  # no checkpoint restart
     print(f"\nkilled during step {killed_at_step}; step seconds: "
           + ", ".join(f"{r['step']}: {r['step_seconds']:.1f}" for r in records))
 
     # Where the actors ran, from Ray's state API: the rollout worker and verifier on the rollout worker container
     # (before and after its restart), the learner ranks and the value scorer on the learner worker container.
-    ips = {n["node_id"]: n["node_ip"] for n in state(d, "nodes")}
+    nodes = state(d, "nodes")
+    ips = {n["node_id"]: n["node_ip"] for n in nodes}
+    new_node = next(n["node_id"] for n in nodes if n["state"] == "ALIVE" and "rollout" in n["resources_total"])
+    assert new_node != old_node  # the started container joined as a new node
+    rollout_now = next(a for a in state(d, "actors") if a["class_name"] == "RolloutWorker")
+    assert rollout_now["node_id"] == new_node and rollout_now["state"] == "ALIVE"  # restarted there, in place
     placed: dict[str, set[str]] = {}
     for actor in state(d, "actors"):
         if actor.get("node_id"):
