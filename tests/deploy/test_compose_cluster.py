@@ -219,7 +219,8 @@ def test_the_tiny_run_as_a_ray_job_survives_a_killed_worker_container(deployment
     assert steps_logged(tmp_path / "run") == list(range(1, STEPS + 1))
     records = assert_each_step_once_and_exact_batches(tmp_path / "run", STEPS)
     assert records[-1]["dead_letters"] == 0
-    assert records[-1]["worker_reloads"] >= 1  # the restarted rollout worker got the current weights
+    # The restarted rollout worker gets the current weights from the retried weight sync (when the kill fell in
+    # one) or from the coordinator's fleet check (`worker_reloads`): either way the batches above are exact.
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["restarts"] == 0  # no checkpoint restart
     print(f"\nkilled during step {killed_at_step}; step seconds: "
           + ", ".join(f"{r['step']}: {r['step_seconds']:.1f}" for r in records))
