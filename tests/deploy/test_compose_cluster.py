@@ -222,7 +222,7 @@ def test_the_tiny_run_as_a_ray_job_survives_a_killed_worker_container(deployment
     # The restarted rollout worker gets the current weights from the retried weight sync (when the kill fell in
     # one) or from the coordinator's fleet check (`worker_reloads`): either way the batches above are exact.
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["restarts"] == 0  # no checkpoint restart
-    print(f"\nkilled during step {killed_at_step}; step seconds: "
+    print(f"\nkilled after step {killed_at_step - 1} was logged; step seconds: "
           + ", ".join(f"{r['step']}: {r['step_seconds']:.1f}" for r in records))
 
     # Where the actors ran, from Ray's state API: the rollout worker and verifier on the rollout worker container
@@ -232,7 +232,7 @@ def test_the_tiny_run_as_a_ray_job_survives_a_killed_worker_container(deployment
     new_node = next(n["node_id"] for n in nodes if n["state"] == "ALIVE" and "rollout" in n["resources_total"])
     assert new_node != old_node  # the started container joined as a new node
     rollout_now = next(a for a in state(d, "actors") if a["class_name"] == "RolloutWorker")
-    assert rollout_now["node_id"] == new_node and rollout_now["state"] == "ALIVE"  # restarted there, in place
+    assert rollout_now["node_id"] == new_node  # restarted there, in place (dead now: its job has ended)
     placed: dict[str, set[str]] = {}
     for actor in state(d, "actors"):
         if actor.get("node_id"):
