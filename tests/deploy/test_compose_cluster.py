@@ -38,7 +38,7 @@ pytestmark = [
                        reason="builds images and runs containers: `make test-deploy` (PCL_TEST_DEPLOY=1)"),
 ]
 REPO = Path(__file__).resolve().parents[2]
-STEPS = 8
+STEPS = 40  # ~0.3 s each: the kill after step 2 lands well before the end
 PLACEMENT = ["rollout.resources={rollout: 1}", "verifier.resources={rollout: 0.5}",
              "learner.resources={learner: 1}", "value.resources={learner: 0.5}"]
 RUN = [a for a in FAST if not a.startswith("control.port=")] + [f"run.steps={STEPS}"]
@@ -200,13 +200,9 @@ def test_the_tiny_run_as_a_ray_job_survives_a_killed_worker_container(deployment
         old_node = next(n["node_id"] for n in state(d, "nodes")
                         if n["state"] == "ALIVE" and "rollout" in n["resources_total"])
         sh("docker", "kill", rollout)
-        killed = time.monotonic()
         time.sleep(3)
         sh("docker", "start", rollout)
         rollout_ips.add(d.ip("ray-cpu-worker-rollout"))
-        while len(run_dir_steps(d)) < killed_at_step and job.poll() is None:
-            time.sleep(1)
-        TIMINGS["kill_to_next_step_s"] = time.monotonic() - killed
         out, _ = job.communicate(timeout=900)
         TIMINGS["job_s"] = time.monotonic() - started
     finally:
@@ -222,8 +218,12 @@ def test_the_tiny_run_as_a_ray_job_survives_a_killed_worker_container(deployment
     # The restarted rollout worker gets the current weights from the retried weight sync (when the kill fell in
     # one) or from the coordinator's fleet check (`worker_reloads`): either way the batches above are exact.
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["restarts"] == 0  # no checkpoint restart
-    print(f"\nkilled after step {killed_at_step - 1} was logged; step seconds: "
-          + ", ".join(f"{r['step']}: {r['step_seconds']:.1f}" for r in records))
+    slowest = max(records, key=lambda r: r["step_seconds"])
+    TIMINGS["step_with_the_kill_s"] = slowest["step_seconds"]
+    print(f"\nkilled after step {killed_at_step - 1} was logged; step {slowest['step']} took "
+          f"{slowest['step_seconds']:.1f} s, the others {min(r['step_seconds'] for r in records):.1f}-"
+          f"{sorted(r['step_seconds'] for r in records)[-2]:.1f} s")
+    assert slowest["step"] >= killed_at_step - 1 and slowest["step"] < STEPS  # the kill fell mid-run
 
     # Where the actors ran, from Ray's state API: the rollout worker and verifier on the rollout worker container
     # (before and after its restart), the learner ranks and the value scorer on the learner worker container.
