@@ -36,6 +36,12 @@ test-slow: $(STAMP)
 test-all: $(STAMP) test-tools
 	$(BIN)/python -m pytest -q
 
+# The docker-compose deployment for real: builds the images (deploy/build.sh), brings up the cpu profile's Ray
+# cluster of containers, trains the tiny run as a Ray job, tears it down (docs/deploy.md; several minutes).
+.PHONY: test-deploy
+test-deploy: $(STAMP)
+	PCL_TEST_DEPLOY=1 $(BIN)/python -m pytest tests/deploy/test_compose_cluster.py -m slow -q -s -p no:cacheprovider
+
 # The dashboard test drives Debian's headless Chromium and the monitoring test a real Prometheus; installed here
 # when missing and apt is available. Without them those tests skip, naming what is missing.
 test-tools:
