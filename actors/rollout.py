@@ -13,6 +13,7 @@ visibility timeout.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -37,6 +38,7 @@ class RolloutWorker:
                  dtype: str = "float32", device: str = "auto", visibility_timeout_s: float = 30.0,
                  max_deliveries: int = 3, threads: int = 1):
         init_actor_process(threads)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's start-up INFO lines, once per worker
         from pcl.config import RolloutConfig
         from pcl.engines import make_engine
         from services.queues import WorkQueue, stream_key

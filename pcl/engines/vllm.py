@@ -209,6 +209,9 @@ class VLLMEngine(Engine):
                              f"shape (the tiny task's: pcl.tiny.build.policy_config), or set "
                              f"rollout.engine=hf") from exc
         self.vocab_size = self._llm.llm_engine.model_config.get_vocab_size()
+        # The CPU build's attention kernels check that they run with the thread count their metadata was built
+        # for (vLLM sets it for the constructing thread); a rollout worker generates from another thread.
+        self._cpu_threads = torch.get_num_threads() if on_cpu else None
         self._policy_version = 0
 
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
@@ -230,6 +233,8 @@ class VLLMEngine(Engine):
         if self._policy_version < 0 and what == "generate":
             raise RuntimeError("VLLMEngine.generate: a weight update failed and left the weights partly loaded; "
                                "it serves nothing until load_weights / receive_weights succeeds")
+        if self._cpu_threads is not None and torch.get_num_threads() != self._cpu_threads:
+            torch.set_num_threads(self._cpu_threads)  # OpenMP's thread count is per calling thread
         return self._llm
 
     def _sampling_params(self, params: SamplingParams, seed: int):

@@ -55,7 +55,8 @@ def checkpoint(tmp_path_factory):
 def engine(checkpoint):
     from pcl.engines.vllm import VLLMEngine
 
-    engine = VLLMEngine(str(checkpoint[0]), dtype="float32", seed=0, max_model_len=128)
+    # KV blocks of 32 tokens (the CPU build's default is 128), so LONG_PROMPT fills two cacheable blocks.
+    engine = VLLMEngine(str(checkpoint[0]), dtype="float32", seed=0, max_model_len=128, block_size=32)
     yield engine
     engine.close()
 
@@ -147,6 +148,8 @@ def test_sampled_logprobs_equal_the_learners_before_and_after_an_update(engine, 
                                                                         original_weights):
     model = checkpoint[1]
     long_prompt = build_tiny_tokenizer()(LONG_PROMPT).input_ids
+    cache = engine._llm.llm_engine.vllm_config.cache_config
+    assert cache.enable_prefix_caching and len(long_prompt) >= 2 * cache.block_size
     batch = prompts + [long_prompt]
     params = SamplingParams(n=4, temperature=1.0, max_new_tokens=8, seed=3)
     assert_on_policy(model, batch, engine.generate(batch, params))  # the long prompt's KV is now cached
