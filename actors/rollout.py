@@ -66,6 +66,21 @@ class RolloutWorker:
         self.serve()
         return {"version": version, "seconds": time.perf_counter() - start}
 
+    def join_weight_group(self, address: tuple[str, int], rank_offset: int, world_size: int, backend: str,
+                          timeout_s: float) -> list[int]:
+        """vLLM: join learner rank 0's weight-sync group (`rollout.weight_sync: collective`); returns the ranks."""
+        with self.service.lock:
+            return self.service.engine.join_weight_group(address[0], address[1], rank_offset, world_size, backend,
+                                                         timeout_s)
+
+    def receive_weights(self, version: int) -> dict[str, float]:
+        """vLLM: take policy `version` from learner rank 0's broadcast (and serve, if not yet)."""
+        start = time.perf_counter()
+        with self.service.lock:
+            self.service.engine.receive_weights(version)
+        self.serve()
+        return {"version": version, "seconds": time.perf_counter() - start}
+
     def serve(self) -> None:
         """Start serving the request stream with the weights held, if not serving yet (after a restart)."""
         if self.thread.ident is None and not self.stop.is_set():

@@ -61,11 +61,9 @@ def free_port() -> int:
 
 
 def sync_collective(engine, group_holder: dict, state: dict, version: int, bucket_bytes: int) -> None:
-    from pcl.weight_sync import tensor_specs
-
     sender = threading.Thread(target=lambda: group_holder["group"].broadcast(state, bucket_bytes))
     sender.start()
-    engine.receive_weights(tensor_specs(state), version, bucket_bytes)
+    engine.receive_weights(version)
     sender.join()
 
 

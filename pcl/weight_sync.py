@@ -9,17 +9,18 @@ processes.
 
     # sender (learner rank 0)                      # each receiver (inside a vLLM worker)
     group = WeightGroup.open(addr, port, 0, W)     group = WeightGroup.open(addr, port, rank, W)
-    specs = tensor_specs(state_dict)               for name, t in group.receive(specs, BUCKET): load(name, t)
-    group.broadcast(state_dict, BUCKET)
+    group.broadcast(state_dict, BUCKET)            for bucket in group.receive(): load(bucket)
 
 Tensors travel bucket by bucket: each bucket is one flat byte buffer of at most about `bucket_bytes` (a
 tensor larger than that gets its own), so a sync moves few large messages and holds one bucket's copy at a
-time. Both sides derive the same buckets from the same `specs` (name, dtype, shape), sent ahead as a small
-control message. A group that cannot form within `timeout_s` raises `WeightSyncError` naming the address.
+time. A sync opens with a header, the JSON list of (name, dtype, shape) and the bucket size (bounded to
+MAX_HEADER_BYTES, dtypes checked against a fixed set, nothing unpickled), from which the receivers derive the
+same buckets. A group that cannot form within `timeout_s` raises `WeightSyncError` naming the address.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import timedelta
@@ -27,6 +28,8 @@ from datetime import timedelta
 import torch
 
 DEFAULT_BUCKET_BYTES = 256 << 20
+MAX_HEADER_BYTES = 64 << 20
+DTYPES = frozenset({"float32", "bfloat16", "float16", "float64", "int64", "int32", "int8", "uint8", "bool"})
 TensorSpec = tuple[str, str, tuple[int, ...]]  # (name, dtype as torch spells it without "torch.", shape)
 
 
@@ -93,6 +96,9 @@ class WeightGroup:
         """Rank 0: send the tensors (in the order of their `tensor_specs`); returns the bytes sent."""
         items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         specs = tensor_specs(items)
+        header = torch.frombuffer(bytearray(json.dumps([specs, bucket_bytes]).encode()), dtype=torch.uint8)
+        self._broadcast(torch.tensor([header.numel()], dtype=torch.int64, device=self.device))
+        self._broadcast(header.to(self.device))
         sent = 0
         for bucket in plan_buckets(specs, bucket_bytes):
             flat = torch.cat([_as_bytes(items[i][1].detach().to(self.device)) for i in bucket])
@@ -100,9 +106,9 @@ class WeightGroup:
             sent += flat.numel()
         return sent
 
-    def receive(self, specs: list[TensorSpec], bucket_bytes: int = DEFAULT_BUCKET_BYTES
-                ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    def receive(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Ranks > 0: the broadcast tensors, one list of (name, tensor) per bucket, as they arrive."""
+        specs, bucket_bytes = self._receive_header()
         for bucket in plan_buckets(specs, bucket_bytes):
             flat = torch.empty(sum(_nbytes(specs[i]) for i in bucket), dtype=torch.uint8, device=self.device)
             self._broadcast(flat)
@@ -113,6 +119,25 @@ class WeightGroup:
                 out.append((name, flat[offset:offset + size].view(getattr(torch, dtype)).view(shape)))
                 offset += size
             yield out
+
+    def _receive_header(self) -> tuple[list[TensorSpec], int]:
+        length = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._broadcast(length)
+        if not 0 < int(length) <= MAX_HEADER_BYTES:
+            raise WeightSyncError(f"weight-sync header from {self.address}: {int(length)} bytes, expected 1.."
+                                  f"{MAX_HEADER_BYTES}")
+        header = torch.empty(int(length), dtype=torch.uint8, device=self.device)
+        self._broadcast(header)
+        try:
+            raw_specs, bucket_bytes = json.loads(bytes(header.cpu().numpy()))
+            specs = [(str(name), str(dtype), tuple(int(d) for d in shape)) for name, dtype, shape in raw_specs]
+        except (ValueError, TypeError) as exc:
+            raise WeightSyncError(f"weight-sync header from {self.address} is malformed: {exc}") from exc
+        bad = sorted({dtype for _, dtype, _ in specs} - DTYPES)
+        if bad or not isinstance(bucket_bytes, int) or bucket_bytes < 1:
+            raise WeightSyncError(f"weight-sync header from {self.address}: dtypes {bad} or bucket size "
+                                  f"{bucket_bytes!r} not accepted")
+        return specs, bucket_bytes
 
     def _broadcast(self, flat: torch.Tensor) -> None:
         try:

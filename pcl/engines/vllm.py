@@ -97,8 +97,8 @@ class WeightUpdateExtension:
         self.pcl_weight_group = WeightGroup.open(host, port, rank, world_size, backend, timeout_s, device)
         return rank
 
-    def pcl_receive_weights(self, specs: list, bucket_bytes: int) -> int:
-        """Take the tensors rank 0 broadcasts (`specs` in order) into this worker's model; returns their count."""
+    def pcl_receive_weights(self) -> int:
+        """Take the tensors rank 0 broadcasts into this worker's model; returns their count."""
         from vllm.config import set_current_vllm_config
 
         group = getattr(self, "pcl_weight_group", None)
@@ -107,7 +107,7 @@ class WeightUpdateExtension:
         model, loaded = _model(self), 0
         self.pcl_begin_update()
         try:
-            for bucket in group.receive(specs, bucket_bytes):
+            for bucket in group.receive():
                 with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
                     model.load_weights(weights=bucket)
                 loaded += len(bucket)
@@ -305,13 +305,13 @@ class VLLMEngine(Engine):
         return list(llm.collective_rpc("pcl_join_weight_group",
                                        args=(host, port, rank_offset, world_size, backend, timeout_s)))
 
-    def receive_weights(self, specs: list, version: int, bucket_bytes: int) -> int:
-        """Take the weights learner rank 0 broadcasts on the joined group (`pcl.weight_sync.tensor_specs` of
-        them, in order) as policy `version`; a failure leaves policy_version -1, as in load_weights."""
+    def receive_weights(self, version: int) -> int:
+        """Take the weights learner rank 0 broadcasts on the joined group as policy `version`; returns the tensors
+        loaded. A failure leaves policy_version -1, as in load_weights."""
         llm = self._serving("receive_weights")
         check_version(version)
         try:
-            loaded = int(llm.collective_rpc("pcl_receive_weights", args=(specs, bucket_bytes))[0])
+            loaded = int(llm.collective_rpc("pcl_receive_weights")[0])
             llm.reset_prefix_cache()
         except BaseException:
             self._policy_version = -1

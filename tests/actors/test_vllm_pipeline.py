@@ -40,12 +40,14 @@ def untrained_tiny(tmp_path_factory):
     return path
 
 
-def test_three_steps_on_vllm_stay_on_policy(untrained_tiny, tmp_path):
+@pytest.mark.parametrize("route", ["rpc", "collective"])
+def test_three_steps_on_vllm_stay_on_policy(untrained_tiny, tmp_path, route):
     from services.train import run_training
 
     model = str(untrained_tiny)
     cfg = load_config("configs/tiny.yaml", [*FAST, *VLLM, f"model.path={model}", f"value.path={model}",
-                                            "run.steps=3", "run.eval_every=3", "data.eval_size=16"])
+                                            "run.steps=3", "run.eval_every=3", "data.eval_size=16",
+                                            f"rollout.weight_sync={route}"])
     assert run_training(cfg, run_dir=str(tmp_path / "run")) == 0
     records = assert_each_step_once_and_exact_batches(tmp_path / "run", 3)  # m x n each, none stale
     assert [r["policy_version"] for r in records] == [1, 2, 3]  # one weight sync into vLLM per step

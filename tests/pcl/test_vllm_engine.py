@@ -25,7 +25,7 @@ QUESTIONS = ["1+2=", "13+4=", "7*8=", "99-9=", "3=", "12+34="]
 # Longer than two KV blocks, so the prefix cache holds its KV between calls (it caches whole blocks only).
 LONG_PROMPT = "12+34=46 7*8=56 99-9=90 1+2=3 13+4=17 " * 2
 # |vLLM - learner| for a sampled token's log-probability, both in float32: vLLM's CPU kernels (fused QKV, its
-# attention, RMSNorm) round differently from transformers' eager ones; measured differences are ~1e-6.
+# attention, RMSNorm) round differently from transformers' eager ones; measured: at most 3.2e-6.
 LOGPROB_ATOL = 1e-4
 
 
@@ -197,7 +197,7 @@ def free_port() -> int:
 def test_collective_route_broadcasts_the_weights_into_vllm(engine, checkpoint, prompts, original_weights):
     """Learner rank 0 (here a thread of the test process) and the vLLM worker form one gloo group; after the
     bucketed broadcast vLLM samples exactly what the sent weights give (its weights equal the sent ones)."""
-    from pcl.weight_sync import WeightGroup, tensor_specs
+    from pcl.weight_sync import WeightGroup
 
     state = eos_rigged(checkpoint[1].state_dict())
     port, sender = free_port(), {}
@@ -209,7 +209,7 @@ def test_collective_route_broadcasts_the_weights_into_vllm(engine, checkpoint, p
     thread = threading.Thread(target=learner_rank0)
     thread.start()
     assert engine.join_weight_group("127.0.0.1", port, 1, 2, "gloo", timeout_s=60) == [1]
-    assert engine.receive_weights(tensor_specs(state), version=7, bucket_bytes=32 << 10) == len(state)
+    assert engine.receive_weights(version=7) == len(state)
     thread.join(30)
     assert sender["bytes"] == sum(t.numel() * t.element_size() for t in state.values())
     assert engine.policy_version == 7
