@@ -190,7 +190,7 @@ class VLLMEngine(Engine):
         self._seed = seed
         self._calls = 0
         self.update_chunk_bytes = update_chunk_bytes
-        try:
+        try:  # a refused shape surfaces at start-up, or (some attention kernels) at the first forward pass
             self._llm = vllm.LLM(
                 model=model_path,
                 tensor_parallel_size=tensor_parallel_size,
@@ -203,7 +203,8 @@ class VLLMEngine(Engine):
                 worker_extension_cls=WORKER_EXTENSION,
                 **llm_kwargs,
             )
-        except (ValueError, NotImplementedError, TypeError) as exc:
+            self._llm.generate([{"prompt_token_ids": [0]}], vllm.SamplingParams(max_tokens=1), use_tqdm=False)
+        except (ValueError, NotImplementedError, TypeError, RuntimeError) as exc:
             reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
             raise ValueError(f"vLLM refused the model at {model_path} (model.path): {reason}. Change the model's "
                              f"shape (the tiny task's: pcl.tiny.build.policy_config), or set "

