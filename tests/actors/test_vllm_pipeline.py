@@ -42,7 +42,6 @@ def untrained_tiny(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("route", ["rpc", "collective"])
 def own_actor_pids(class_name: str) -> list[int]:
     """`actor_pids` limited to this test process's own Ray (its descendants): other runs on the machine are spared."""
 
@@ -62,6 +61,7 @@ def own_actor_pids(class_name: str) -> list[int]:
     return [pid for pid in actor_pids(class_name) if descends_from_us(pid)]
 
 
+@pytest.mark.parametrize("route", ["rpc", "collective"])
 def test_three_steps_on_vllm_stay_on_policy(untrained_tiny, tmp_path, route):
     from services.train import run_training
 
