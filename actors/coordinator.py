@@ -92,6 +92,7 @@ class Coordinator:
         models = (self.policy_path, fleet.get("value_path") if self.scorer is not None else None)
         self.state_bytes = ckpt.state_bytes_estimate([p for p in models if p])
         self.weights_ref = None  # the weights of policy_version in the object store (None: the initial ones)
+        self.broadcast = _weight_broadcast(self.cfg, self.learners, self.workers)  # None: the rpc route
         self.elapsed_offset = 0.0  # training seconds before this process took over (a resumed run)
         self.clock_start: float | None = None
         self.last_checkpoint_step: int | None = None
@@ -409,6 +410,10 @@ class Coordinator:
     def sync_weights(self, version: int) -> None:
         """Push the learner's new weights to every rollout worker; from here on they serve `version`. A worker
         that dies meanwhile is restarted by Ray and the load retried on it."""
+        if self.broadcast is not None:  # rollout.weight_sync: collective (the object store ref is made on demand)
+            self.broadcast.sync(version)
+            self.weights_ref, self.policy_version = None, version
+            return
         ref = self.learners.state_ref()
         gather([w.load_weights.remote(ref, version) for w in self.workers], self.cfg.learner.timeout_s,
                "weight sync")
@@ -427,11 +432,14 @@ class Coordinator:
                 version = ray.get(ref)
             except ray.exceptions.RayError:
                 continue
-            if version != self.policy_version and self.weights_ref is None:
+            if version != self.policy_version and self.weights_ref is None and self.policy_version == 0:
                 self.get(worker.serve.remote())  # version 0: its initial weights are current
             elif version != self.policy_version:
                 log.warning("rollout worker holds policy version %s, not %s (restarted?): reloading its weights",
                             version, self.policy_version)
+                if self.weights_ref is None:  # collective route: this worker takes them by rpc, and the
+                    self.weights_ref = self.learners.state_ref()  # group re-forms with it at the next sync
+                    self.broadcast.invalidate()
                 self.get(worker.load_weights.remote(self.weights_ref, self.policy_version))
                 self.worker_reloads += 1
 
@@ -487,6 +495,16 @@ class Coordinator:
                 write_progress(self.run_dir, task, offset + done, total or expected, started)
 
         return report
+
+
+def _weight_broadcast(cfg: Config, learners, workers):
+    """The collective weight sync of `rollout.weight_sync: collective` (NCCL with GPUs, else gloo), or None."""
+    if cfg.rollout.weight_sync != "collective":
+        return None
+    from services.weight_broadcast import WeightBroadcast  # noqa: PLC0415
+
+    gpus = cfg.learner.num_gpus_per_rank > 0 and cfg.rollout.num_gpus_per_worker > 0
+    return WeightBroadcast(learners, workers, cfg.rollout, "nccl" if gpus else "gloo", cfg.learner.timeout_s)
 
 
 def _mean(values: list[float]) -> float | None:

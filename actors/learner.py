@@ -55,6 +55,19 @@ class LearnerRank:
     def full_state_dict(self) -> dict:
         return self.learner.full_state_dict()
 
+    def open_weight_group(self, address: tuple[str, int], world_size: int, backend: str, timeout_s: float) -> bool:
+        """Rank 0: host the weight-sync group with the vLLM workers (`rollout.weight_sync: collective`)."""
+        from pcl.weight_sync import WeightGroup
+
+        device = "cuda" if backend == "nccl" else "cpu"
+        self.weight_group = WeightGroup.open(address[0], address[1], 0, world_size, backend, timeout_s, device)
+        return True
+
+    def broadcast_weights(self, bucket_bytes: int) -> int:
+        """All ranks gather the full weights (a collective); rank 0 broadcasts them to the vLLM workers."""
+        state = self.learner.full_state_dict()
+        return self.weight_group.broadcast(state, bucket_bytes) if self.rank == 0 else 0
+
     def state_dict(self) -> dict[str, Any]:
         return self.learner.state_dict()
 
@@ -111,6 +124,11 @@ class LearnerGroup:
         self._gather(refs[1:], "weight gather")  # the other ranks return {}; rank 0's is the weights
         ray.wait(refs[:1], timeout=self.timeout_s)
         return refs[0]
+
+    def broadcast_refs(self, bucket_bytes: int) -> list:
+        """Start a weight broadcast from rank 0 (the other ranks join its gather); the caller gathers the refs
+        together with the receivers' (`rollout.weight_sync: collective`)."""
+        return [r.broadcast_weights.remote(bucket_bytes) for r in self.ranks]
 
     def call_all(self, method: str, *args) -> list:
         return self._gather([getattr(r, method).remote(*args) for r in self.ranks], f"learner {method}")

@@ -13,6 +13,7 @@ visibility timeout.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -37,6 +38,7 @@ class RolloutWorker:
                  dtype: str = "float32", device: str = "auto", visibility_timeout_s: float = 30.0,
                  max_deliveries: int = 3, threads: int = 1):
         init_actor_process(threads)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's start-up INFO lines, once per worker
         from pcl.config import RolloutConfig
         from pcl.engines import make_engine
         from services.queues import WorkQueue, stream_key
@@ -61,6 +63,21 @@ class RolloutWorker:
         """Install the learner's weights as policy `version` (and serve, if not yet); returns how long it took."""
         start = time.perf_counter()
         self.service.load_weights(weights, version)
+        self.serve()
+        return {"version": version, "seconds": time.perf_counter() - start}
+
+    def join_weight_group(self, address: tuple[str, int], rank_offset: int, world_size: int, backend: str,
+                          timeout_s: float) -> list[int]:
+        """vLLM: join learner rank 0's weight-sync group (`rollout.weight_sync: collective`); returns the ranks."""
+        with self.service.lock:
+            return self.service.engine.join_weight_group(address[0], address[1], rank_offset, world_size, backend,
+                                                         timeout_s)
+
+    def receive_weights(self, version: int) -> dict[str, float]:
+        """vLLM: take policy `version` from learner rank 0's broadcast (and serve, if not yet)."""
+        start = time.perf_counter()
+        with self.service.lock:
+            self.service.engine.receive_weights(version)
         self.serve()
         return {"version": version, "seconds": time.perf_counter() - start}
 

@@ -177,6 +177,18 @@ class RolloutConfig(Section):
     deterministic: bool = Field(False, description="Seed each request from (run.seed, step, prompt, first sample "
                                 "index) and generate it alone: samples no longer depend on batching or on which "
                                 "worker serves them, so a resumed run repeats a straight one exactly (CPU; slower).")
+    weight_sync: Literal["rpc", "collective"] = Field("rpc", description="vLLM only: how each step's weights "
+                                                      "reach the workers. rpc: safetensors chunks over vLLM's "
+                                                      "collective_rpc (after Ray's object store); collective: a "
+                                                      "bucketed torch.distributed broadcast from learner rank 0 "
+                                                      "into every vLLM worker (NCCL on GPU, gloo on CPU).")
+    weight_sync_bucket_mb: int = Field(256, ge=1, le=16384, description="collective: MiB per broadcast bucket.")
+
+    @model_validator(mode="after")
+    def _collective_needs_vllm(self) -> "RolloutConfig":
+        if self.weight_sync == "collective" and self.engine != "vllm":
+            raise ValueError("weight_sync=collective needs engine=vllm (the HF engine takes weights by rpc)")
+        return self
 
 
 class VerifierConfig(Section):

@@ -93,6 +93,7 @@ class Generation:
     finish_reason: FinishReason  # "stop": the model produced EOS; "length": max_new_tokens reached
     num_tokens: int  # len(token_ids)
     policy_version: int = 0  # version of the weights that generated it
+    logprobs: list[float] | None = None  # log pi(token) of each of token_ids, where the engine reports them (vLLM)
 
 
 class Engine(abc.ABC):

