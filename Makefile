@@ -46,8 +46,8 @@ test-all: $(STAMP) test-tools
 # cluster of containers, trains the tiny run as a Ray job, tears it down (docs/deploy.md; several minutes).
 .PHONY: test-deploy
 test-deploy: $(STAMP)
-	@docker info >/dev/null 2>&1 || { echo "make: test-deploy needs a running Docker engine (docs/deploy.md, 'Building the images')"; exit 2; }
-	@docker compose version >/dev/null 2>&1 || { echo "make: test-deploy needs Docker Compose v2 (the 'docker compose' plugin; docs/deploy.md)"; exit 2; }
+	@docker info >/dev/null 2>&1 || { echo "make: test-deploy needs a running Docker engine (docs/deploy.md, 'The images')"; exit 2; }
+	@docker compose version >/dev/null 2>&1 || { echo "make: test-deploy needs Docker Compose v2 (the 'docker compose' plugin; docs/deploy.md, 'Testing the deployment')"; exit 2; }
 	@docker buildx version >/dev/null 2>&1 || { echo "make: test-deploy needs BuildKit (the 'docker buildx' plugin; docs/deploy.md)"; exit 2; }
 	PCL_TEST_DEPLOY=1 $(BIN)/python -m pytest tests/deploy/test_compose_cluster.py -m slow -q -s -p no:cacheprovider
 
