@@ -80,3 +80,14 @@ def test_a_header_with_an_unknown_dtype_is_refused():
     sender._broadcast(header)
     thread.join(30)
     assert errors and "complex_evil" in errors[0]
+
+
+def test_the_collective_route_needs_the_vllm_engine():
+    from pydantic import ValidationError
+
+    from pcl.config import RolloutConfig
+
+    with pytest.raises(ValidationError, match="weight_sync=collective needs engine=vllm"):
+        RolloutConfig(weight_sync="collective")
+    assert RolloutConfig(engine="vllm", weight_sync="collective").weight_sync_bucket_mb == 256
+    assert RolloutConfig().weight_sync == "rpc"
