@@ -255,6 +255,15 @@ def test_crashes_hangs_and_memory_blowups_are_contained(pool):
     assert pool.score(r"\boxed{\frac{1}{2}}", "0.5").reward == 1.0
 
 
+def test_hostile_outputs_against_a_several_answer_gold_are_bounded_by_the_timeout(pool):
+    """Such a gold is scored on the whole response, not its last box alone: the pool's kill still bounds it."""
+    pairs = [(HOSTILE[name] + r" so \boxed{1}, \boxed{2}", "1, 2") for name in HOSTILE]
+    outcomes = in_thread(pool.score_batch, pairs)
+    assert all(outcome.seconds <= TIMEOUT_S + 1.0 for outcome in outcomes), outcomes
+    assert any(outcome.timed_out for outcome in outcomes), outcomes  # the whole text was parsed
+    assert in_thread(pool.score, r"so \boxed{2}, \boxed{1}", "1, 2").reward == 1.0
+
+
 def test_concurrent_batches_from_threads_keep_their_order(pool):
     def batch(offset):
         pairs = [(response_with(str(offset + i)), offset + i + (i % 2)) for i in range(40)]
