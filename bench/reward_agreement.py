@@ -5,9 +5,11 @@ r"""Math-reward agreement and throughput on the shipped evaluation sets.
 For every record of MATH500, AIME24, AIME25, AMC23, Minerva and OlympiadBench it scores, through
 `RewardPool`, a response ending in "\boxed{<gold>}" (must score 1: agreement) and two wrong ones, the gold
 perturbed (a number plus one, or its first digit bumped) and "\boxed{-12345.678}" (both must score 0:
-rejection). Then it times 2,000 realistic responses (~300 characters ending in a boxed answer, half of
-them correct) on the pool against serial in-process `math_reward`, the peer. The last line is the
-overall agreement. `tests/pcl/test_reward.py` reuses the loaders and the wrong-answer rule from here.
+rejection). On OlympiadBench's records of several answers it scores responses that box each answer on
+its own (joined by commas or "and", one missing, one too many) against math-verify alone. Then it times
+2,000 realistic responses (~300 characters ending in a boxed answer, half of them correct) on the pool
+against serial in-process `math_reward`, the peer. The last line is the overall agreement.
+`tests/pcl/test_reward.py` reuses the loaders, the wrong-answer rule and the several-answer pairs from here.
 """
 
 from __future__ import annotations
@@ -48,6 +50,56 @@ def load_golds(data_dir: Path) -> dict[str, list[Any]]:
         with open(data_dir / f"{benchmark}.jsonl") as lines:
             golds[benchmark] = [record_gold(benchmark, json.loads(line)) for line in lines if line.strip()]
     return golds
+
+
+def multi_answer_golds(data_dir: Path) -> list[str]:
+    """The gold of every OlympiadBench record marked as having several answers (`is_multiple_answer`)."""
+    with open(data_dir / "olympiadbench.jsonl") as lines:
+        records = [json.loads(line) for line in lines if line.strip()]
+    return [record["final_answer"][0] for record in records if record.get("is_multiple_answer")]
+
+
+def gold_answers(gold: str) -> list[str]:
+    """The answers of a several-answer gold: its text split at commas outside brackets, dollars dropped.
+
+    >>> gold_answers("$(1,2),(2,1)$"), gold_answers("$69$,$84$")
+    (['(1,2)', '(2,1)'], ['69', '84'])
+    """
+    answers, depth, current = [], 0, ""
+    for char in gold.replace("$", ""):
+        depth += (char in "([{") - (char in ")]}")
+        if char == "," and depth == 0:
+            answers.append(current.strip())
+            current = ""
+        else:
+            current += char
+    return [answer for answer in answers + [current.strip()] if answer]
+
+
+def several_answer_pairs(golds: list[str]) -> list[tuple[str, str]]:
+    """Per gold of two or more answers, six responses that box each answer on its own: joined by commas, by
+    "and" in reverse order, by "\\text{ and }" inside dollars, one answer missing, one answer too many,
+    and all of them after an earlier wrong box."""
+    pairs = []
+    for gold in golds:
+        boxes = [f"\\boxed{{{answer}}}" for answer in gold_answers(gold)]
+        if len(boxes) < 2:
+            continue
+        wrong = f"\\boxed{{{CONSTANT_WRONG}}}"
+        joined = ", ".join(boxes)
+        responses = (joined, " and ".join(boxes[::-1]), "$" + r" \text{ and } ".join(boxes) + "$",
+                     ", ".join(boxes[1:]), f"{joined}, {wrong}", f"First {wrong}. Then {joined}")
+        pairs += [(response, gold) for response in responses]
+    return pairs
+
+
+def math_verify_verdict(response: str, gold: Any) -> float:
+    """math-verify alone, the peer: any boxed gold alternative against its extraction of the response."""
+    from math_verify import parse, verify
+
+    predicted = parse(response)
+    golds = [parse(f"\\boxed{{{alternative}}}") for alternative in normalize_gold(gold)]
+    return float(any(verify(parsed_gold, predicted) for parsed_gold in golds))
 
 
 def wrong_answer(gold: Any) -> str:
@@ -134,6 +186,26 @@ def print_agreement(pool: RewardPool, benchmark: str, golds: list[Any]) -> tuple
     return counts
 
 
+def print_several_answers(pool: RewardPool, golds: list[str]) -> None:
+    """Agreement with math-verify alone on responses that box each answer of a several-answer gold."""
+    pairs = several_answer_pairs(golds)
+    start = time.perf_counter()
+    outcomes = pool.score_batch(pairs)
+    seconds = time.perf_counter() - start
+    expected = [math_verify_verdict(response, gold) for response, gold in pairs]
+    same = sum(outcome.reward == want for outcome, want in zip(outcomes, expected))
+    print(f"OlympiadBench several answers: {len(golds)} records, {len(pairs)} responses boxing each answer; "
+          f"math-verify scores {sum(expected):.0f} of them 1, the reward "
+          f"{sum(outcome.reward for outcome in outcomes):.0f}; "
+          f"agreement with math-verify {same / len(pairs):.2%} ({same}/{len(pairs)}), pool {seconds:.1f} s")
+    misses = [(pair, got, want) for pair, got, want in zip(pairs, outcomes, expected) if got.reward != want]
+    for (response, gold), outcome, want in misses[:10]:
+        print(f"    miss: reward {outcome.reward:.0f}, math-verify {want:.0f}: {response!r:.80} "
+              f"vs gold {gold!r:.60}")
+    if len(misses) > 10:
+        print(f"    ... and {len(misses) - 10} more misses")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
@@ -147,6 +219,7 @@ def main() -> None:
         pool.wait_ready()
         print(HEADER)
         rows = [print_agreement(pool, name, benchmark_golds) for name, benchmark_golds in golds.items()]
+        print_several_answers(pool, multi_answer_golds(args.data_dir))
         for label, batch_golds in (("MATH500 golds", golds["math500"]), ("AIME/AMC golds", integer_golds)):
             batch = realistic_batch(batch_golds, args.throughput_samples)
             print_throughput(pool, args.processes, label, batch)

@@ -13,6 +13,13 @@ without sympy (integers exactly, others to a relative 1e-6): that is most math a
 orders of magnitude faster than math-verify. It is also stricter where math-verify is loose: a number
 against a number never goes through its six-decimal float rounding (which makes 8.2e-19 equal 9.2e-19).
 
+A gold of several answers (one math-verify parses to a set: "1, 2", "(1, 2), (2, 1)", "\{1, 2\}",
+"x = 1, 2") is scored as math-verify scores it, on its extraction of the whole text, which joins adjacent
+boxes: "\boxed{1}, \boxed{2}" and "\boxed{(1, 2)} \text{ and } \boxed{(2, 1)}" score 1.0 (the last box
+alone would score 0.0), and, as there, a response whose earlier boxes join into a wrong set scores 0.0.
+Elsewhere the last box is the answer: "\boxed{3}, no wait, \boxed{4}" scores 1.0 against 4, where
+math-verify alone takes {3, 4}.
+
 `math_reward` never raises on a model output (a bad one scores 0.0); a bad gold raises ValueError or
 TypeError naming it. On the main thread math-verify's own SIGALRM alarm guards each parse and comparison
 (it cancels any other alarm the process had set); elsewhere nothing can interrupt sympy in-process, so
@@ -159,6 +166,8 @@ def math_reward(response: str, gold: Any) -> float:
     1.0
     >>> math_reward("no answer here at all", "5")
     0.0
+    >>> math_reward(r"The solutions are $\boxed{-1}$ and $\boxed{2}$.", ["$2,-1$"])
+    1.0
     """
     alternatives = normalize_gold(gold)
     guard_s = IN_PROCESS_GUARD_S if threading.current_thread() is threading.main_thread() else None
@@ -183,6 +192,18 @@ def score_answer(response: str, alternatives: Sequence[str], guard_s: int | None
         verdict = numeric_verdict(answer, alternatives)
         if verdict is not None:
             return verdict
+    # A gold of several answers is scored as math-verify scores it: its extraction of the whole response
+    # joins the boxes "\boxed{1}, \boxed{2}", which the last box alone would miss.
+    several = [gold for gold in alternatives if _several_answers(_parse_gold(gold, guard_s))]
+    if several and isinstance(response, str) and _verifies(several, _parse(response, guard_s), guard_s):
+        return 1.0
+    single = [gold for gold in alternatives if gold not in several]
+    return _last_box_score(response, answer, single, guard_s) if single else 0.0
+
+
+def _last_box_score(response: Any, answer: str | None, alternatives: list[str], guard_s: int | None) -> float:
+    """The last boxed answer against `alternatives`; math-verify's extraction of a response without one."""
+    if answer is not None:
         if plain_number(answer) is not None:
             # A number needs sympy only against golds that are not numbers; golds in free symbols
             # (2n + 1, \text{Evelyn}) never equal one, and sympy's simplify takes seconds to say so.
@@ -193,15 +214,20 @@ def score_answer(response: str, alternatives: Sequence[str], guard_s: int | None
         predicted = _parse(f"\\boxed{{{answer}}}", guard_s) if answer else []
     else:
         predicted = _parse(response, guard_s) if isinstance(response, str) else []
+    return 1.0 if _verifies(alternatives, predicted, guard_s) else 0.0
+
+
+def _verifies(alternatives: Sequence[str], predicted: list, guard_s: int | None) -> bool:
+    """True when math-verify finds the parsed response equal to any gold alternative."""
     if not predicted:
-        return 0.0
+        return False
     from math_verify import verify
 
     for gold in alternatives:
         parsed_gold = _parse_gold(gold, guard_s)
         if parsed_gold and verify(parsed_gold, predicted, timeout_seconds=guard_s):
-            return 1.0
-    return 0.0
+            return True
+    return False
 
 
 def boxed_answer(response: Any) -> str | None:
@@ -220,6 +246,17 @@ def numeric_verdict(answer: str, alternatives: Sequence[str]) -> float | None:
     if any(gold is not None and numbers_match(answer_number, gold) for gold in gold_numbers):
         return 1.0
     return 0.0 if all(gold is not None for gold in gold_numbers) else None
+
+
+def _several_answers(parsed_gold: list) -> bool:
+    """True when a gold parses to a set of answers: "1, 2", "(1, 2), (2, 1)", "\\{1, 2\\}", "x = 1, 2" (x
+    equal to a set), and "-2, -2", whose set has one element."""
+    from sympy import Eq, FiniteSet
+
+    return any(
+        isinstance(form, FiniteSet) or (isinstance(form, Eq) and isinstance(form.rhs, FiniteSet))
+        for form in parsed_gold
+    )
 
 
 def _in_free_symbols(parsed_gold: list) -> bool:

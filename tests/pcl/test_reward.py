@@ -15,8 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pcl.reward
-from bench.reward_agreement import CONSTANT_WRONG, load_golds, response_with, wrong_answer
-from pcl.reward import last_boxed, math_reward, normalize_gold, numbers_match, plain_number, score_answer
+from bench.reward_agreement import (
+    CONSTANT_WRONG, load_golds, math_verify_verdict, multi_answer_golds, response_with, several_answer_pairs,
+    wrong_answer,
+)
+from pcl.reward import (
+    _parse_gold, _several_answers, last_boxed, math_reward, normalize_gold, numbers_match, plain_number,
+    score_answer,
+)
 from pcl.reward_pool import RewardPool
 
 DATA_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "math"
@@ -54,6 +60,13 @@ def test_doctests_pass():
         ("The answer is 42", "42", 1.0),
         ("I do not know", "42", 0.0),
         (r"\boxed{}", "1", 0.0),
+        # A gold of several answers: each answer boxed on its own counts, as math-verify counts it.
+        (r"\boxed{1}, \boxed{2}", "1, 2", 1.0),
+        (r"so $\boxed{2}$ and $\boxed{1}$.", ["1,2"], 1.0),
+        (r"\boxed{(1, 2)} \text{ and } \boxed{(2, 1)}", ["$(1,2),(2,1)$"], 1.0),
+        (r"\boxed{f(x)=x}, \boxed{f(x)=2-x}", ["$f(x)=x$,$f(x)=2-x$"], 1.0),
+        (r"\boxed{1}, \boxed{2}, \boxed{3}", "1, 2", 0.0),  # an extra answer
+        (r"\boxed{1}", "1, 2", 0.0),  # a missing one
     ],
 )
 def test_math_reward_pins(response, gold, reward):
@@ -121,6 +134,36 @@ def test_numbers_in_free_symbols_are_rejected_like_math_verify():
         assert score_answer(r"\boxed{7}", (gold,), None) == 0.0
         assert not verify(parse(f"\\boxed{{{gold}}}"), parse(r"\boxed{7}"))
     assert score_answer(r"\boxed{5}", ("x = 5",), None) == 1.0  # an assignment is not a free expression
+
+
+def test_several_answers_score_as_math_verify_scores_them():
+    """On a gold of several answers the reward is math-verify's verdict, through the product's pool."""
+    pairs = several_answer_pairs(multi_answer_golds(DATA_DIR))
+    assert len(pairs) >= 6 * 80
+    expected = [math_verify_verdict(response, gold) for response, gold in pairs]
+    with RewardPool(processes=2, timeout_s=10.0) as pool:
+        outcomes = pool.score_batch(pairs)
+    misses = [(pair, want, got.reward) for pair, want, got in zip(pairs, expected, outcomes)
+              if got.reward != want]
+    # Only a gold that math-verify does not parse to a set keeps the last-box rule (OlympiadBench has one,
+    # in prose: "f(x)=a x+b, where b is an arbitrary integer, ...").
+    golds = {gold for (_, gold), _, _ in misses}
+    assert not any(_several_answers(_parse_gold(normalize_gold(gold)[0], None)) for gold in golds), misses
+    assert len(misses) <= 2, misses
+    assert sum(expected) >= 2 * len(pairs) / 6  # the joined answers mostly score 1: the test can fail
+
+
+@pytest.mark.parametrize(
+    ("response", "gold", "reward"),
+    [
+        (r"\boxed{3}, no wait, \boxed{4}", "4", 1.0),  # math-verify joins the boxes: {3, 4}, not 4
+        (r"\boxed{(1, 2)} \text{ and } \boxed{(2, 1)}", "(2, 1)", 1.0),
+        (r"\boxed{1}, \boxed{3}", "(1, 3)", 0.0),  # one interval or pair: math-verify takes {1, 3} for it
+    ],
+)
+def test_a_single_answer_gold_keeps_the_last_box_rule(response, gold, reward):
+    assert math_reward(response, gold) == reward
+    assert math_verify_verdict(response, gold) != reward  # where the rule departs from math-verify
 
 
 # ----- the pool -----
@@ -210,6 +253,15 @@ def test_crashes_hangs_and_memory_blowups_are_contained(pool):
     assert "exit code -9" in outcomes[6].error
     assert [o.timed_out for o in outcomes].count(True) == 1
     assert pool.score(r"\boxed{\frac{1}{2}}", "0.5").reward == 1.0
+
+
+def test_hostile_outputs_against_a_several_answer_gold_are_bounded_by_the_timeout(pool):
+    """Such a gold is scored on the whole response, not its last box alone: the pool's kill still bounds it."""
+    pairs = [(HOSTILE[name] + r" so \boxed{1}, \boxed{2}", "1, 2") for name in HOSTILE]
+    outcomes = in_thread(pool.score_batch, pairs)
+    assert all(outcome.seconds <= TIMEOUT_S + 1.0 for outcome in outcomes), outcomes
+    assert any(outcome.timed_out for outcome in outcomes), outcomes  # the whole text was parsed
+    assert in_thread(pool.score, r"so \boxed{2}, \boxed{1}", "1, 2").reward == 1.0
 
 
 def test_concurrent_batches_from_threads_keep_their_order(pool):
