@@ -464,13 +464,18 @@ class Coordinator:
         return out
 
     def track_best(self, record: dict) -> None:
-        """With evaluation.keep_best: a new best suite average gets a checkpoint (kept whatever checkpoint.keep)
-        and RUN_DIR/best.json names it."""
-        if not self.cfg.evaluation.keep_best or (self.best and record["suite_average"] <= self.best["average"]):
+        """With evaluation.keep_best: a new best score (evaluation.best_by) gets a checkpoint (kept whatever
+        checkpoint.keep) and RUN_DIR/best.json names it."""
+        from pcl.evaluation import best_score
+
+        best_by = self.cfg.evaluation.best_by
+        score = best_score(record, best_by)
+        if not self.cfg.evaluation.keep_best or (self.best and score <= self.best.get("score", self.best["average"])):
             return
         path = self.save_checkpoint() if self.last_checkpoint_step != self.step else \
             str(self.checkpoint_root / ckpt.step_dir_name(self.step))
-        self.best = {"step": self.step, "average": record["suite_average"], "checkpoint": path,
+        self.best = {"step": self.step, "best_by": best_by, "score": score, "average": record["suite_average"],
+                     "checkpoint": path,
                      "scores": {k: v for k, v in record.items() if k.startswith("suite_")}}
         ckpt.write_json(Path(self.run_dir) / BEST_FILE, self.best)
 
