@@ -65,6 +65,11 @@ def test_strategy_trains_a_few_steps_end_to_end(name, ray_session, tmp_path):
         assert all(1 <= r["generation_rounds"] <= 3 for r in steps)
         # The kept prompts have mixed rewards; only the counted shortfall may be zero-variance.
         assert all(r["effective_ratio"] > 0 or r[f"{name}_shortfall"] == M for r in steps)
+    if name == "dynamic_sampling":  # at_round_limit=shrink: only informative groups, unless none was found
+        assert all(r["effective_ratio"] == 1.0 or r["dynamic_sampling_filled"] == M for r in steps)
+        assert all(r["batch_samples"] == r["dynamic_sampling_batch_prompts"] * N for r in steps)
+        hits = [r["dynamic_sampling_round_limit_hit"] for r in steps]
+        assert steps[-1]["dynamic_sampling_round_limit_hits_total"] == sum(hits)
     if name == "prefilter":
         cache = json.loads((run / REFERENCE_FILE).read_text())
         assert cache["n_pre"] == 4 and len(cache["pass_rates"]) == 256

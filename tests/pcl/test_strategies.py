@@ -41,8 +41,9 @@ class World:
                 seen.setdefault(i, None)
         return [self.records[i] for i in seen]
 
-    def run_step(self, strategy, step: int = 0, values=None):
-        """One step through the protocol; returns (batch prompts, groups [m, n], ledger, rounds)."""
+    def run_step(self, strategy, step: int = 0, values=None, full: bool = True):
+        """One step through the protocol; returns (batch prompts, groups [m, n], ledger, rounds). With
+        full=False the batch may hold fewer than m prompts (dynamic sampling's `shrink` at its round limit)."""
         ledger, rounds = RoundLedger(), 0
         strategy.begin_step(step)
         while not strategy.ready:
@@ -61,7 +62,7 @@ class World:
             assert rounds < 100, "the strategy never became ready"
         batch = strategy.finish_step()
         ids = [p.id for p in batch]
-        assert len(ids) == len(set(ids)) == strategy.m
+        assert len(ids) == len(set(ids)) and (len(ids) == strategy.m if full else 1 <= len(ids) <= strategy.m)
         groups = group_samples(ledger.samples_of(ids), ids, strategy.n)  # raises on a missing / extra index
         return batch, groups, ledger, rounds
 
@@ -156,15 +157,59 @@ def test_dynamic_sampling_keeps_only_informative_prompts_when_there_are_enough()
     assert strategy.metrics()["dynamic_sampling_shortfall"] == 0
 
 
-def test_dynamic_sampling_fills_the_batch_and_counts_the_shortfall_when_rounds_run_out():
+def test_dynamic_sampling_fill_pads_the_batch_and_counts_the_shortfall_when_rounds_run_out():
     world = World(rates_cycle(400, [0.0, 1.0]))  # nothing informative at all
-    strategy = DynamicSamplingStrategy(16, 4, k=2, max_rounds=3)
+    strategy = DynamicSamplingStrategy(16, 4, k=2, max_rounds=3, at_round_limit="fill")
     batch, groups, ledger, rounds = world.run_step(strategy)
     assert rounds == 3 and ledger.generated == 3 * 32 * 4  # bounded: exactly max_rounds rounds
     assert groups.rewards.shape == (16, 4)  # filled with the best available, never a crash
     assert strategy.metrics()["dynamic_sampling_shortfall"] == 16
     world.run_step(strategy, 1)
-    assert strategy.metrics()["dynamic_sampling_shortfall_total"] == 32
+    m = strategy.metrics()
+    assert m["dynamic_sampling_shortfall_total"] == 32 and m["dynamic_sampling_round_limit_hits_total"] == 2
+
+
+def test_dynamic_sampling_as_the_paper_draws_2m_per_round_until_m_informative_prompts_are_buffered():
+    rates = rates_cycle(2000, [0.0, 1.0, 0.0, 1.0, 0.0, 0.5])  # a sixth informative: about 3 rounds of 2m
+    world = World(rates)
+    strategy = make_strategy(DynamicSamplingSelection(), 16, n=8)
+    assert (strategy.k, strategy.max_rounds, strategy.at_round_limit) == (2, 16, "shrink")
+    strategy.begin_step(0)
+    assert strategy.next_request().draw == 32  # k*m
+    batch, groups, ledger, rounds = world.run_step(strategy)
+    assert rounds >= 2 and ledger.generated == rounds * 32 * 8
+    assert all(rates[p.id] == 0.5 for p in batch) and (groups.rewards.std(axis=1) > 0).all()  # effective ratio 1
+    m = strategy.metrics()
+    assert m["dynamic_sampling_round_limit_hit"] == 0 and m["dynamic_sampling_round_limit_hits_total"] == 0
+
+
+def test_dynamic_sampling_shrink_trains_on_the_informative_prompts_kept_when_the_round_limit_hits(caplog):
+    rates = rates_cycle(2000, [0.0] * 15 + [0.5])  # 1 in 16 informative: 2 rounds of 2m keep about 4 of m=16
+    world = World(rates)
+    strategy = DynamicSamplingStrategy(16, 8, k=2, max_rounds=2, at_round_limit="shrink")
+    with caplog.at_level("WARNING", logger="pcl.strategies.base"):
+        batch, groups, _, rounds = world.run_step(strategy, full=False)
+    assert rounds == 2 and 1 <= len(batch) < 16
+    assert all(rates[p.id] == 0.5 for p in batch) and (groups.rewards.std(axis=1) > 0).all()
+    m = strategy.metrics()
+    assert m["dynamic_sampling_batch_prompts"] == len(batch) and m["dynamic_sampling_filled"] == 0
+    assert m["dynamic_sampling_shortfall"] == 16 - len(batch) and m["dynamic_sampling_round_limit_hits_total"] == 1
+    assert "max_rounds=2" in caplog.text and f"trains on those {len(batch)} prompts only" in caplog.text
+    state = json.loads(json.dumps(strategy.state_dict()))
+    again = DynamicSamplingStrategy(16, 8, k=2, max_rounds=2, at_round_limit="shrink")
+    again.load_state_dict(state)
+    assert again.totals == strategy.totals and again.totals["round_limit_hits"] == 1
+
+
+def test_dynamic_sampling_shrink_with_nothing_informative_trains_a_zero_gradient_batch_of_m():
+    world = World(rates_cycle(400, [0.0, 1.0]))
+    strategy = DynamicSamplingStrategy(8, 4, k=2, max_rounds=2, at_round_limit="shrink")
+    _, groups, _, _ = world.run_step(strategy)
+    assert groups.rewards.shape == (8, 4) and (groups.rewards.std(axis=1) == 0).all()
+    assert strategy.metrics()["dynamic_sampling_filled"] == 8
+    assert strategy.metrics()["dynamic_sampling_round_limit_hits_total"] == 1
+    with pytest.raises(ValueError, match="at_round_limit"):
+        DynamicSamplingStrategy(8, 4, k=2, max_rounds=2, at_round_limit="crash")
 
 
 # -- speed -----------------------------------------------------------------------------------------------------
@@ -282,6 +327,12 @@ def test_make_strategy_builds_every_configured_type():
         assert type(strategy) is cls and strategy.name == section.type
     assert make_strategy(PCLSelection(pipelined=True), 8, n=8).pipelined
     assert make_strategy(PrefilterSelection(n_pre=6), 8, n=8).reference_rollouts == 6
+    assert make_strategy(PrefilterSelection(), 8, n=8).reference_rollouts == 16  # the paper's n_pre
+    speed = make_strategy(SpeedSelection(), 8, n=16)
+    assert (speed.k, speed.n_init) == (2, 4)
+    greso_first = make_strategy(GresoSelection(), 512, n=16)
+    greso_first.begin_step(0)
+    assert greso_first.next_request().draw == 768  # the paper's B_r^default for m = 512
     with pytest.raises(ValueError, match="n_init"):
         make_strategy(SpeedSelection(n_init=8), 8, n=8)
 
