@@ -159,6 +159,7 @@ class Coordinator:
         until its batch is ready. Sample indices continue across rounds (the ledger), so records never collide."""
         strategy, batch = self.strategy, StepBatch(RoundLedger())
         strategy.begin_step(step)
+        batch.ledger.carry_in(strategy.carried_samples())  # SPEED's D_accepted from earlier steps (carry_over)
         while not strategy.ready:
             with timer("selection_seconds"):
                 candidates, values = self.candidates(strategy.next_request())  # 1-2. candidates, V(x)
@@ -175,6 +176,7 @@ class Coordinator:
             batch.probe_rates += [float(rewards[i].mean()) for i in batch.probe_ids[len(batch.probe_rates):]]
             strategy.observe({r.prompt.id: rewards[r.prompt.id] for r in rollouts})
         batch.prompts = strategy.finish_step()
+        strategy.carry(batch.ledger.samples_of(strategy.carry_ids))
         return batch
 
     def run(self) -> dict[str, Any]:

@@ -139,6 +139,9 @@ class SpeedSelection(Section):
     n_init: int = Field(4, ge=1, description="Screening rollouts per candidate (below run.n).")
     max_rounds: int = Field(4, ge=2, description="Generation rounds per step (screening and continuation batched "
                             "together); the last continues the best available when fewer than m were accepted.")
+    carry_over: bool = Field(True, description="The paper's SPEED: accepted prompts not continued in a step stay "
+                             "buffered, with their screening samples, for the next step (off-policy by one step); "
+                             "false: dropped at the end of the step (on-policy).")
 
 
 class GresoSelection(Section):

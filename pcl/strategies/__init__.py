@@ -51,7 +51,7 @@ def make_strategy(selection, m: int, seed: int = 0, *, n: int) -> Strategy:
     if isinstance(s, DynamicSamplingSelection):
         return DynamicSamplingStrategy(m, n, s.k, s.max_rounds, s.at_round_limit)
     if isinstance(s, SpeedSelection):
-        return SpeedStrategy(m, n, s.k, s.n_init, s.max_rounds)
+        return SpeedStrategy(m, n, s.k, s.n_init, s.max_rounds, s.carry_over)
     if isinstance(s, GresoSelection):
         return GresoStrategy(m, n, s.k, s.max_rounds, s.p_easy, s.p_hard, s.delta_p, s.target_zero_variance, seed)
     raise ValueError(f"selection.type={getattr(s, 'type', s)!r} is not a known strategy")

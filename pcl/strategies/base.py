@@ -11,6 +11,9 @@ coordinator drives it in rounds, all generated with the step's policy version:
         rollouts = strategy.propose(candidates, values)     # [Rollout(prompt, n)]: what to generate now
         strategy.observe(rewards_by_prompt_id)              # this round's rewards of those prompts
     prompts = strategy.finish_step()                        # the m prompts to train on, in order
+    strategy.carry(samples of strategy.carry_ids)           # SPEED with carry_over: D_accepted's samples
+
+(`strategy.carried_samples()`, added to the step's rounds after `begin_step`, are those carried samples.)
 
 The strategy never sees Ray, Redis or a model: it holds plain `PromptRecord`s and reward arrays, so each is
 unit-tested on its own. It keeps what must survive a restart in `state_dict()` / `load_state_dict()` (JSON
@@ -22,11 +25,14 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from pcl.data import PromptRecord
+
+if TYPE_CHECKING:  # pcl.batch imports torch; the strategies need it only as a type
+    from pcl.batch import Sample
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +94,21 @@ class Strategy:
     def finish_step(self) -> list[PromptRecord]:
         """The step's batch: m prompts whose samples (from all rounds) are trained on, in order."""
         raise NotImplementedError
+
+    # -- samples carried across steps (SPEED with carry_over; none elsewhere) ----------------------------
+
+    def carried_samples(self) -> list[Sample]:
+        """Samples generated in earlier steps that this step's rounds continue (the coordinator adds them to the
+        step's ledger right after `begin_step`)."""
+        return []
+
+    @property
+    def carry_ids(self) -> list[str]:
+        """After `finish_step`: the prompts whose samples the next step continues."""
+        return []
+
+    def carry(self, samples: Sequence[Sample]) -> None:
+        """After `finish_step`: the samples of `carry_ids`, kept for the next step (and in `state_dict`)."""
 
     # -- state and figures -----------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ class World:
         full=False the batch may hold fewer than m prompts (dynamic sampling's `shrink` at its round limit)."""
         ledger, rounds = RoundLedger(), 0
         strategy.begin_step(step)
+        ledger.carry_in(strategy.carried_samples())
         while not strategy.ready:
             request = strategy.next_request()
             candidates = self.draw(request.draw) if request.draw else []
@@ -61,6 +62,7 @@ class World:
             rounds += 1
             assert rounds < 100, "the strategy never became ready"
         batch = strategy.finish_step()
+        strategy.carry(ledger.samples_of(strategy.carry_ids))
         ids = [p.id for p in batch]
         assert len(ids) == len(set(ids)) and (len(ids) == strategy.m if full else 1 <= len(ids) <= strategy.m)
         groups = group_samples(ledger.samples_of(ids), ids, strategy.n)  # raises on a missing / extra index
@@ -252,6 +254,55 @@ def test_speed_fills_from_screened_prompts_in_the_last_round_when_nothing_is_acc
     batch, groups, _, rounds = world.run_step(strategy)
     assert rounds == 3 and groups.rewards.shape == (8, 6) and (groups.rewards == 1).all()
     assert strategy.metrics()["speed_shortfall"] == 8 and strategy.metrics()["speed_shortfall_total"] == 8
+
+
+def test_speed_carry_over_continues_the_accepted_leftover_in_the_next_step_in_one_call():
+    rates = rates_cycle(4000, [0.5])  # n_init=4 screening accepts ~7/8
+    world = World(rates)
+    strategy = make_strategy(SpeedSelection(), 8, seed=0, n=8)  # the config's default: the paper's SPEED
+    assert (strategy.k, strategy.n_init, strategy.carry_over) == (2, 4, True)
+    _, _, first, rounds = world.run_step(strategy, 0)
+    m0 = strategy.metrics()
+    assert rounds == 2 and m0["speed_carried_in"] == 0 and m0["speed_off_policy_prompts"] == 0
+    carried = strategy.carry_ids
+    assert len(carried) == m0["speed_carried_out"] > 0  # screened by step 0's policy, not continued
+    assert {s.prompt_id for s in strategy.carried_samples()} == set(carried)
+    assert all(s.sample_index < 4 for s in strategy.carried_samples())
+    for step in range(1, 6):
+        batch, groups, ledger, rounds = world.run_step(strategy, step)  # the harness checks indices 0..n-1
+        m = strategy.metrics()
+        assert rounds == 1  # continuation of D_accepted, batched with screening that refills it
+        assert m["speed_off_policy_prompts"] == 8 and groups.rewards.shape == (8, 8)
+        assert ledger.generated == 8 * 4 + m["speed_screened"] * 4  # carried samples are not generated again
+        assert m["speed_carried_out"] >= 8  # a full next step in reserve, so the buffer stays bounded
+        assert m["speed_carried_out"] <= 8 + 2 * 8
+
+
+def test_speed_carried_buffer_and_samples_survive_a_checkpoint_exactly():
+    rates = rates_cycle(400, [0.0, 0.5, 0.5, 1.0])
+    a, b = World(rates), World(rates)
+    first = SpeedStrategy(8, 8, k=2, n_init=4, max_rounds=4, carry_over=True)
+    for step in range(3):
+        a.run_step(first, step)
+    state = json.loads(json.dumps(first.state_dict()))
+    second = SpeedStrategy(8, 8, k=2, n_init=4, max_rounds=4, carry_over=True)
+    second.load_state_dict(state)
+    assert second.carry_ids == first.carry_ids and second.carried_samples() == first.carried_samples()
+    assert second.buffer == first.buffer and second.totals == first.totals
+    b.sampler.load_state_dict(a.sampler.state_dict())
+    a.rng, b.rng = np.random.default_rng(7), np.random.default_rng(7)
+    assert [p.id for p in a.run_step(first, 3)[0]] == [p.id for p in b.run_step(second, 3)[0]]
+    assert first.carried_samples() == second.carried_samples()
+
+
+def test_speed_on_policy_drops_the_accepted_leftover_at_the_end_of_the_step():
+    world = World(rates_cycle(400, [0.5]))
+    strategy = make_strategy(SpeedSelection(carry_over=False), 8, n=8)
+    for step in range(3):
+        _, _, ledger, rounds = world.run_step(strategy, step)
+        m = strategy.metrics()
+        assert m["speed_carried_in"] == m["speed_carried_out"] == m["speed_off_policy_prompts"] == 0
+        assert rounds == 2 and strategy.carried_samples() == [] and strategy.state_dict()["buffer"] == []
 
 
 def test_speed_rejects_settings_that_cannot_work():
