@@ -9,7 +9,7 @@ in `pcl.strategies.base`; every strategy keeps its state in `state_dict()` / `lo
     uniform            plain GRPO: m prompts from the sampler
     prefilter          reference-policy pass rates, keep p_low < p < p_high, then uniform
     dynamic_sampling   DAPO: roll out k*m, keep 0 < p < 1, repeat until m are kept (round-limit safeguard)
-    speed              SPEED: n_init screening rollouts, n - n_init more for the accepted
+    speed              SPEED: n_init screening rollouts, n - n_init more for the accepted (carried across steps)
     greso              GRESO: dynamic sampling that skips prompts with all-equal reward histories
     pcl                the value model picks the m of k*m candidates closest to tau
 """

@@ -69,7 +69,7 @@ def test_each_baseline_over_a_preset_replaces_only_the_selection(baseline):
     if baseline.stem == "prefilter":
         assert (combined.selection.n_pre, combined.selection.p_low, combined.selection.p_high) == (16, 0.0, 1.0)
     if baseline.stem == "speed":
-        assert (combined.selection.k, combined.selection.n_init) == (2, 4)
+        assert (combined.selection.k, combined.selection.n_init, combined.selection.carry_over) == (2, 4, True)
     if baseline.stem == "dynamic_sampling":  # Algorithm 3: k=2, until m informative prompts (round-limit safeguard)
         assert (combined.selection.k, combined.selection.at_round_limit) == (2, "shrink")
     if baseline.stem == "greso":  # a first round of 768 prompts at m=512
