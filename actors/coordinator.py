@@ -159,6 +159,7 @@ class Coordinator:
         until its batch is ready. Sample indices continue across rounds (the ledger), so records never collide."""
         strategy, batch = self.strategy, StepBatch(RoundLedger())
         strategy.begin_step(step)
+        batch.ledger.carry_in(strategy.carried_samples())  # SPEED's D_accepted from earlier steps (carry_over)
         while not strategy.ready:
             with timer("selection_seconds"):
                 candidates, values = self.candidates(strategy.next_request())  # 1-2. candidates, V(x)
@@ -175,6 +176,7 @@ class Coordinator:
             batch.probe_rates += [float(rewards[i].mean()) for i in batch.probe_ids[len(batch.probe_rates):]]
             strategy.observe({r.prompt.id: rewards[r.prompt.id] for r in rollouts})
         batch.prompts = strategy.finish_step()
+        strategy.carry(batch.ledger.samples_of(strategy.carry_ids))
         return batch
 
     def run(self) -> dict[str, Any]:
@@ -464,13 +466,18 @@ class Coordinator:
         return out
 
     def track_best(self, record: dict) -> None:
-        """With evaluation.keep_best: a new best suite average gets a checkpoint (kept whatever checkpoint.keep)
-        and RUN_DIR/best.json names it."""
-        if not self.cfg.evaluation.keep_best or (self.best and record["suite_average"] <= self.best["average"]):
+        """With evaluation.keep_best: a new best score (evaluation.best_by) gets a checkpoint (kept whatever
+        checkpoint.keep) and RUN_DIR/best.json names it."""
+        from pcl.evaluation import best_score
+
+        best_by = self.cfg.evaluation.best_by
+        score = best_score(record, best_by)
+        if not self.cfg.evaluation.keep_best or (self.best and score <= self.best.get("score", self.best["average"])):
             return
         path = self.save_checkpoint() if self.last_checkpoint_step != self.step else \
             str(self.checkpoint_root / ckpt.step_dir_name(self.step))
-        self.best = {"step": self.step, "average": record["suite_average"], "checkpoint": path,
+        self.best = {"step": self.step, "best_by": best_by, "score": score, "average": record["suite_average"],
+                     "checkpoint": path,
                      "scores": {k: v for k, v in record.items() if k.startswith("suite_")}}
         ckpt.write_json(Path(self.run_dir) / BEST_FILE, self.best)
 

@@ -109,7 +109,7 @@ class PrefilterSelection(Section):
     """Keep prompts whose reference-policy pass rate is strictly between p_low and p_high."""
 
     type: Literal["prefilter"] = "prefilter"
-    n_pre: int = Field(8, ge=1, description="Reference rollouts per prompt.")
+    n_pre: int = Field(16, ge=1, description="Reference rollouts per prompt (the paper: 16).")
     p_low: float = Field(0.0, ge=0, le=1)
     p_high: float = Field(1.0, ge=0, le=1)
 
@@ -124,18 +124,24 @@ class DynamicSamplingSelection(Section):
     """DAPO: generate for k*m prompts, keep those with 0 < p < 1, repeat until m (bounded)."""
 
     type: Literal["dynamic_sampling"] = "dynamic_sampling"
-    k: int = Field(1, ge=1, description="Prompts generated per round, as a multiple of m.")
-    max_rounds: int = Field(3, ge=1, description="Generation rounds before the batch is filled with the best available.")
+    k: int = Field(2, ge=1, description="Prompts generated per round, as a multiple of m (the paper: 2).")
+    max_rounds: int = Field(16, ge=1, description="Safeguard: generation rounds before at_round_limit applies.")
+    at_round_limit: Literal["shrink", "fill"] = Field("shrink", description="When max_rounds ends a step with fewer "
+        "than m informative prompts (counted, logged): 'shrink' trains on those only (effective ratio 1); 'fill' "
+        "pads the batch to m with zero-variance groups.")
 
 
 class SpeedSelection(Section):
     """SPEED: n_init screening rollouts for k*m prompts, n - n_init more for the accepted ones."""
 
     type: Literal["speed"] = "speed"
-    k: int = Field(4, ge=1, description="Candidates screened per round, as a multiple of m.")
+    k: int = Field(2, ge=1, description="Candidates screened per round, as a multiple of m (the paper: 2).")
     n_init: int = Field(4, ge=1, description="Screening rollouts per candidate (below run.n).")
     max_rounds: int = Field(4, ge=2, description="Generation rounds per step (screening and continuation batched "
                             "together); the last continues the best available when fewer than m were accepted.")
+    carry_over: bool = Field(True, description="The paper's SPEED: accepted prompts not continued in a step stay "
+                             "buffered, with their screening samples, for the next step (off-policy by one step); "
+                             "false: dropped at the end of the step (on-policy).")
 
 
 class GresoSelection(Section):
@@ -149,7 +155,8 @@ class GresoSelection(Section):
     delta_p: float = Field(0.01, gt=0, le=1, description="Adaptation step of p_easy / p_hard per step.")
     target_zero_variance: float = Field(0.25, ge=0, le=1, description="Target share of zero-variance prompts "
                                         "among those rolled out (a third all-correct, two thirds all-wrong).")
-    k: int = Field(1, ge=1, description="Candidates drawn in a step's first round, as a multiple of m.")
+    k: float = Field(1.5, ge=1, description="Candidates drawn in a step's first round, as a multiple of m (the "
+                     "paper: B_r^default = 768 prompts for m = 512, so 1.5).")
     max_rounds: int = Field(4, ge=1, description="Generation rounds before the batch is filled with the best available.")
 
 
@@ -267,8 +274,17 @@ class EvaluationConfig(Section):
     top_p: float = Field(0.95, gt=0, le=1)
     top_k: int = Field(20, ge=-1, description="-1 disables top-k.")
     max_new_tokens: int | None = Field(None, ge=1, description="rollout.max_new_tokens when unset.")
-    keep_best: bool = Field(True, description="Checkpoint at each new best suite average and keep it (best.json "
+    keep_best: bool = Field(True, description="Checkpoint at each new best score (best_by) and keep it (best.json "
                             "names it) beside the last checkpoint.keep.")
+    best_by: Literal["average", "math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"] = Field(
+        "average", description="The score that picks the best checkpoint: 'average' (the suite's mean) or one "
+        "benchmark of the suite (the paper: math500 for MATH runs, the six-benchmark average for DeepScaleR).")
+
+    @model_validator(mode="after")
+    def _best_by_in_suite(self) -> "EvaluationConfig":
+        if self.suite and self.best_by != "average" and self.best_by not in self.suite:
+            raise ValueError(f"best_by ({self.best_by!r}) must be 'average' or a benchmark of the suite {self.suite}")
+        return self
 
 
 Backend = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow", "trackio"]

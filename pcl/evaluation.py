@@ -35,6 +35,20 @@ PAPER_SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # a data checkout beside the repository
 
 
+def best_score(record: dict[str, Any], best_by: str) -> float:
+    """The score of an evaluated step that picks the best checkpoint: `suite_average` for "average", else the one
+    benchmark's `suite_<name>` (the paper picks MATH runs by MATH500, DeepScaleR runs by the six-benchmark average).
+
+    >>> best_score({"suite_math500": 0.5, "suite_aime24": 0.1, "suite_average": 0.3}, "math500")
+    0.5
+    """
+    key = "suite_average" if best_by == "average" else f"suite_{best_by}"
+    if key not in record:
+        raise KeyError(f"evaluation.best_by={best_by!r}: the evaluated step has no {key} (its suite: "
+                       f"{sorted(k[6:] for k in record if k.startswith('suite_'))})")
+    return float(record[key])
+
+
 def eval_data_root(given: str | None) -> str | None:
     """Where the benchmarks' local copies are: `given`, else PCL_DATA_ROOT, else SHARED_DATA when it exists;
     a root without the files but with a `math/` folder holding them means that folder. None: the hub."""

@@ -40,6 +40,13 @@ class RoundLedger:
             out.append((prompt, n, first))
         return out
 
+    def carry_in(self, samples: Sequence[Sample]) -> None:
+        """Samples generated in an earlier step that this step continues (SPEED's carried screening): part of
+        the batch, not counted as generated or as a round; the prompt's next indices follow them."""
+        for s in samples:
+            self.samples.setdefault(s.prompt_id, []).append(s)
+            self.next_index[s.prompt_id] = max(self.next_index[s.prompt_id], s.sample_index + 1)
+
     def add(self, samples: Sequence[Sample]) -> None:
         """Record one round's samples."""
         if samples:

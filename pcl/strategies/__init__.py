@@ -8,8 +8,8 @@ in `pcl.strategies.base`; every strategy keeps its state in `state_dict()` / `lo
 
     uniform            plain GRPO: m prompts from the sampler
     prefilter          reference-policy pass rates, keep p_low < p < p_high, then uniform
-    dynamic_sampling   DAPO: roll out k*m, keep 0 < p < 1, repeat (bounded)
-    speed              SPEED: n_init screening rollouts, n - n_init more for the accepted
+    dynamic_sampling   DAPO: roll out k*m, keep 0 < p < 1, repeat until m are kept (round-limit safeguard)
+    speed              SPEED: n_init screening rollouts, n - n_init more for the accepted (carried across steps)
     greso              GRESO: dynamic sampling that skips prompts with all-equal reward histories
     pcl                the value model picks the m of k*m candidates closest to tau
 """
@@ -49,9 +49,9 @@ def make_strategy(selection, m: int, seed: int = 0, *, n: int) -> Strategy:
     if isinstance(s, PrefilterSelection):
         return PrefilterStrategy(m, n, s.n_pre, s.p_low, s.p_high)
     if isinstance(s, DynamicSamplingSelection):
-        return DynamicSamplingStrategy(m, n, s.k, s.max_rounds)
+        return DynamicSamplingStrategy(m, n, s.k, s.max_rounds, s.at_round_limit)
     if isinstance(s, SpeedSelection):
-        return SpeedStrategy(m, n, s.k, s.n_init, s.max_rounds)
+        return SpeedStrategy(m, n, s.k, s.n_init, s.max_rounds, s.carry_over)
     if isinstance(s, GresoSelection):
         return GresoStrategy(m, n, s.k, s.max_rounds, s.p_easy, s.p_hard, s.delta_p, s.target_zero_variance, seed)
     raise ValueError(f"selection.type={getattr(s, 'type', s)!r} is not a known strategy")

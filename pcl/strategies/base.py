@@ -11,6 +11,9 @@ coordinator drives it in rounds, all generated with the step's policy version:
         rollouts = strategy.propose(candidates, values)     # [Rollout(prompt, n)]: what to generate now
         strategy.observe(rewards_by_prompt_id)              # this round's rewards of those prompts
     prompts = strategy.finish_step()                        # the m prompts to train on, in order
+    strategy.carry(samples of strategy.carry_ids)           # SPEED with carry_over: D_accepted's samples
+
+(`strategy.carried_samples()`, added to the step's rounds after `begin_step`, are those carried samples.)
 
 The strategy never sees Ray, Redis or a model: it holds plain `PromptRecord`s and reward arrays, so each is
 unit-tested on its own. It keeps what must survive a restart in `state_dict()` / `load_state_dict()` (JSON
@@ -19,13 +22,19 @@ types only) and reports its figures in `metrics()`.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from pcl.data import PromptRecord
+
+if TYPE_CHECKING:  # pcl.batch imports torch; the strategies need it only as a type
+    from pcl.batch import Sample
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -86,6 +95,21 @@ class Strategy:
         """The step's batch: m prompts whose samples (from all rounds) are trained on, in order."""
         raise NotImplementedError
 
+    # -- samples carried across steps (SPEED with carry_over; none elsewhere) ----------------------------
+
+    def carried_samples(self) -> list[Sample]:
+        """Samples generated in earlier steps that this step's rounds continue (the coordinator adds them to the
+        step's ledger right after `begin_step`)."""
+        return []
+
+    @property
+    def carry_ids(self) -> list[str]:
+        """After `finish_step`: the prompts whose samples the next step continues."""
+        return []
+
+    def carry(self, samples: Sequence[Sample]) -> None:
+        """After `finish_step`: the samples of `carry_ids`, kept for the next step (and in `state_dict`)."""
+
     # -- state and figures -----------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
@@ -111,23 +135,31 @@ def pool_draw(wanted: int, share: float, cap: int) -> int:
 class RolloutFilter(Strategy):
     """Post-rollout filtering in bounded rounds, the engine of dynamic sampling (DAPO) and GRESO.
 
-    Each round draws candidates, rolls out n responses for every one that `admit` lets through (and that
-    this step has not generated yet), and keeps the prompts whose rewards are not all equal, until m are
-    kept. When `max_rounds` is reached first, the batch is filled with the best available, the zero-variance
-    groups already generated (they add no gradient, but the batch keeps its m*n size), and the number filled
-    is counted as the shortfall: a step never fails for lack of informative prompts.
+    Each round draws ceil(k*m) candidates, rolls out n responses for every one that `admit` lets through (and
+    that this step has not generated yet), and keeps the prompts whose rewards are not all equal, until m are
+    kept. `max_rounds` is a safeguard; when it is reached first (a round-limit hit, counted in
+    `<name>_round_limit_hits_total` and logged as a warning), `at_round_limit` says what the step trains on:
+
+        shrink   the informative prompts kept so far, fewer than m: the batch keeps its effective ratio of 1
+                 (only when none was kept does it train on zero-variance groups, a step without gradient)
+        fill     m prompts, the missing ones filled with the zero-variance groups already generated (they add
+                 no gradient, but the batch keeps its m*n size)
+
+    The prompts missing from a full batch of informative ones are counted as the shortfall either way.
     """
 
-    def __init__(self, m: int, n: int, k: int, max_rounds: int):
+    def __init__(self, m: int, n: int, k: float, max_rounds: int, at_round_limit: str = "fill"):
         super().__init__(m, n)
         if k < 1 or max_rounds < 1:
             raise ValueError(f"selection.k ({k}) and selection.max_rounds ({max_rounds}) must be >= 1")
-        self.k, self.max_rounds = k, max_rounds
+        if at_round_limit not in ("shrink", "fill"):
+            raise ValueError(f"selection.at_round_limit must be 'shrink' or 'fill', got {at_round_limit!r}")
+        self.k, self.max_rounds, self.at_round_limit = k, max_rounds, at_round_limit
         self.kept: list[PromptRecord] = []
         self.rejected: list[PromptRecord] = []
         self.pending: dict[str, PromptRecord] = {}  # proposed this round, rewards not yet observed
         self.seen: set[str] = set()
-        self.totals = {"shortfall": 0, "rollout_prompts": 0}
+        self.totals = {"shortfall": 0, "rollout_prompts": 0, "round_limit_hits": 0}
         self.last: dict[str, float] = {}
 
     def begin_step(self, step: int) -> None:
@@ -142,12 +174,13 @@ class RolloutFilter(Strategy):
         return Request(draw=self.round_size())
 
     def round_size(self) -> int:
-        """k*m, and in the last round at least enough fresh prompts (beyond those this step has seen, which a
-        draw across an epoch boundary can repeat) to fill the batch."""
-        if self.round < self.max_rounds - 1:
-            return self.k * self.m
+        """ceil(k*m), and with `fill`, in the last round at least enough fresh prompts (beyond those this step has
+        seen, which a draw across an epoch boundary can repeat) to fill the batch."""
+        size = math.ceil(self.k * self.m)
+        if self.round < self.max_rounds - 1 or self.at_round_limit != "fill":
+            return size
         missing = self.m - len(self.kept) - len(self.rejected)
-        return max(self.k * self.m, missing + len(self.seen) if missing > 0 else 0)
+        return max(size, missing + len(self.seen) if missing > 0 else 0)
 
     def admit(self, candidates: Sequence[PromptRecord]) -> list[PromptRecord]:
         """The candidates worth rolling out (all of them here; GRESO skips predicted zero-variance ones)."""
@@ -173,21 +206,31 @@ class RolloutFilter(Strategy):
         if not self.ready:
             raise RuntimeError(f"{self.name}: finish_step before the batch is ready")
         shortfall = max(0, self.m - len(self.kept))
-        if shortfall > len(self.rejected):
+        filled = shortfall if self.at_round_limit == "fill" or not self.kept else 0
+        if filled > len(self.rejected):
             raise RuntimeError(f"{self.name}: only {len(self.kept) + len(self.rejected)} prompts were generated in "
                                f"{self.round} rounds, fewer than run.m={self.m}; is the training set smaller than m?")
+        if shortfall:
+            self.totals["round_limit_hits"] += 1
+            done = (f"filled with {filled} zero-variance groups" if filled else
+                    f"trains on those {len(self.kept)} prompts only (selection.at_round_limit=shrink)")
+            log.warning("%s: step %d kept %d of m=%d informative prompts in selection.max_rounds=%d rounds; the "
+                        "step %s", self.name, self.step + 1, len(self.kept), self.m, self.max_rounds, done)
         self.totals["shortfall"] += shortfall
         generated = len(self.kept) + len(self.rejected)
-        self.last = {"rounds": float(self.round), "shortfall": float(shortfall),
+        batch = self.kept[: self.m] + self.rejected[:filled]
+        self.last = {"rounds": float(self.round), "shortfall": float(shortfall), "filled": float(filled),
+                     "round_limit_hit": float(shortfall > 0), "batch_prompts": float(len(batch)),
                      "kept_share": len(self.kept) / generated if generated else 0.0}
-        return self.kept[: self.m] + self.rejected[:shortfall]
+        return batch
 
     def metrics(self) -> dict[str, float]:
         return {f"{self.name}_{key}": value for key, value in self.last.items()} | {
-            f"{self.name}_shortfall_total": float(self.totals["shortfall"])}
+            f"{self.name}_shortfall_total": float(self.totals["shortfall"]),
+            f"{self.name}_round_limit_hits_total": float(self.totals["round_limit_hits"])}
 
     def state_dict(self) -> dict[str, Any]:
         return {"totals": dict(self.totals)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.totals = {key: int(value) for key, value in state.get("totals", self.totals).items()}
+        self.totals |= {key: int(value) for key, value in state.get("totals", {}).items()}

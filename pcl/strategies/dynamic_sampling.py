@@ -1,6 +1,9 @@
-"""Dynamic sampling (`selection.type: dynamic_sampling`), as in DAPO: roll out k*m prompts with n responses
-each, keep those with 0 < p < 1, and repeat until m are kept, for at most `max_rounds` rounds; then the batch
-is filled with the best available and the shortfall counted (`pcl.strategies.base.RolloutFilter`)."""
+"""Dynamic sampling (`selection.type: dynamic_sampling`), as the PCL paper's Algorithm 3 (after DAPO): roll out
+k*m prompts with n responses each, keep those with 0 < p < 1, and repeat until m are kept, so the trained batch
+has an effective ratio of 1 (k=2 in the paper). `max_rounds` is a safeguard, not part of the algorithm: when it
+is reached first, the hit is counted and logged, and `at_round_limit` decides the batch (`shrink`, the default:
+the informative prompts kept so far; `fill`: pad to m with zero-variance groups, the earlier behaviour); see
+`pcl.strategies.base.RolloutFilter`."""
 
 from __future__ import annotations
 

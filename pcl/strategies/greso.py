@@ -1,5 +1,6 @@
 """GRESO (`selection.type: greso`; Zheng et al. 2025, "Act Only When It Pays"): dynamic sampling that skips,
-before rollout, prompts whose recent groups were all correct or all wrong.
+before rollout, prompts whose recent groups were all correct or all wrong. A step's first round draws ceil(k*m)
+candidates (k=1.5: the paper's B_r^default = 768 for m = 512).
 
 Each prompt carries a reward history: the number of consecutive steps, up to its last rollout, in which all of
 its n responses were correct (an easy streak) or all were wrong (a hard streak). A candidate on an easy streak
@@ -29,7 +30,7 @@ KEEP_FLOOR = 0.01  # a prompt on any streak is still rolled out with at least th
 class GresoStrategy(RolloutFilter):
     name = "greso"
 
-    def __init__(self, m: int, n: int, k: int, max_rounds: int, p_easy: float, p_hard: float, delta_p: float,
+    def __init__(self, m: int, n: int, k: float, max_rounds: int, p_easy: float, p_hard: float, delta_p: float,
                  target_zero_variance: float, seed: int = 0):
         super().__init__(m, n, k, max_rounds)
         self.p_easy, self.p_hard, self.delta_p = p_easy, p_hard, delta_p
@@ -55,7 +56,8 @@ class GresoStrategy(RolloutFilter):
         keep_rate = len(self.kept) / self.step_counts["rolled"]
         missing = self.m - len(self.kept)
         # Enough for the missing prompts at the observed keep rate, with a 25% margin (GRESO's adaptive size).
-        return Request(draw=int(min(self.k * self.m, max(1, math.ceil(1.25 * missing / max(keep_rate, 0.05))))))
+        wanted = max(1, math.ceil(1.25 * missing / max(keep_rate, 0.05)))
+        return Request(draw=min(math.ceil(self.k * self.m), wanted))
 
     def admit(self, candidates: Sequence[PromptRecord]) -> list[PromptRecord]:
         if self.round >= self.max_rounds - 1:

@@ -1,33 +1,47 @@
-"""SPEED (`selection.type: speed`; Zhang et al. 2025, "SPEED-RL"): screen candidates with n_init rollouts,
-continue the accepted ones (0 < screening pass rate < 1) with n - n_init more.
+"""SPEED (`selection.type: speed`; Zhang et al. 2025, "SPEED-RL"; the PCL paper's Algorithm 4): screen candidates
+with n_init rollouts, continue the accepted ones (0 < screening pass rate < 1) with n - n_init more.
 
-Rounds of one step, all with the step's policy version, each one generation call:
+Rounds of one step, each one generation call:
 
-    round 1:  screen k*m fresh candidates (n_init each)
-    round r:  continue the prompts accepted in round r-1 (n - n_init each), and, while fewer than m prompts
-              are accepted in all, screen k*m fresh candidates in the same call, as SPEED batches them
+    round 1:  continue up to m accepted prompts (n - n_init each) and, while the accepted prompts left over
+              would not cover what is still needed, screen k*m fresh candidates (n_init each) in the same call
+    round r:  likewise with the prompts accepted so far
     last:     continuation only; if fewer than m were accepted, screened-but-rejected prompts are continued
               too (the best available), and the shortfall is counted
 
 A trained prompt's group is its n_init screening responses plus its n - n_init continuation responses (sample
-indices 0..n-1 across the two rounds). Accepted prompts beyond the m needed are dropped at the end of the
-step: their screening was done with this step's policy and cannot be continued with the next one.
+indices 0..n-1). `carry_over` decides what happens to accepted prompts that were not continued:
+
+    true   (the default, the paper's SPEED) they stay in D_accepted, with their screening samples, and are
+           continued by the next step, whose policy is one update newer: the batch is off-policy by one step
+           for those prompts' first n_init responses. Screening aims to keep m accepted prompts in reserve for
+           the next step, so in steady state a step is one generation call. The buffer and its samples are in
+           `state_dict`, so a resumed run continues exactly.
+    false  (on-policy) they are dropped at the end of the step: every response of the batch comes from the
+           step's policy, at the price of more rounds per step.
+
+The coordinator adds `carried_samples()` to the step's rounds at `begin_step` and hands back the samples of
+`carry_ids` with `carry()` after `finish_step`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from pcl.data import PromptRecord
 from pcl.strategies.base import Request, Rollout, Strategy, zero_variance
 
+if TYPE_CHECKING:
+    from pcl.batch import Sample
+
 
 class SpeedStrategy(Strategy):
     name = "speed"
 
-    def __init__(self, m: int, n: int, k: int, n_init: int, max_rounds: int):
+    def __init__(self, m: int, n: int, k: int, n_init: int, max_rounds: int, carry_over: bool = False):
         super().__init__(m, n)
         if not 1 <= n_init < n:
             raise ValueError(f"selection.type=speed: selection.n_init ({n_init}) must be at least 1 and below "
@@ -35,21 +49,44 @@ class SpeedStrategy(Strategy):
         if max_rounds < 2 or k < 1:
             raise ValueError(f"selection.type=speed: selection.max_rounds ({max_rounds}) must be >= 2 (a screening "
                              f"round and a continuation round) and selection.k ({k}) >= 1")
-        self.k, self.n_init, self.max_rounds = k, n_init, max_rounds
+        self.k, self.n_init, self.max_rounds, self.carry_over = k, n_init, max_rounds, carry_over
         self.totals = {"shortfall": 0}
         self.last: dict[str, float] = {}
+        self.buffer: list[PromptRecord] = []  # D_accepted carried from earlier steps (carry_over)
+        self.buffer_samples: list[Sample] = []  # their n_init screening samples
         self.begin_step(-1)
 
     def begin_step(self, step: int) -> None:
         super().begin_step(step)
-        self.seen: set[str] = set()
-        self.accepted: list[PromptRecord] = []  # screened, awaiting continuation
+        self.seen: set[str] = {p.id for p in self.buffer}
+        self.accepted: list[PromptRecord] = list(self.buffer)  # screened, awaiting continuation
+        self.carried_in = len(self.buffer)
         self.rejected: list[PromptRecord] = []  # screened, all responses equal
         self.complete: list[PromptRecord] = []  # screened and continued: full groups of n
         self.screening: dict[str, PromptRecord] = {}  # proposed this round for screening
         self.continuing: dict[str, PromptRecord] = {}  # proposed this round for continuation
-        self.screened = 0
-        self.filled = 0
+        self.screened = self.accepted_now = self.filled = 0
+
+    # -- carried samples (carry_over) --------------------------------------------------------------------------
+
+    def carried_samples(self) -> list[Sample]:
+        """Screening samples from earlier steps of the prompts in D_accepted, for this step's rounds."""
+        return list(self.buffer_samples)
+
+    @property
+    def carry_ids(self) -> list[str]:
+        """After `finish_step`: the prompts whose samples `carry` keeps for the next step."""
+        return [p.id for p in self.buffer]
+
+    def carry(self, samples: Sequence[Sample]) -> None:
+        """The screening samples of `carry_ids`, from this step's rounds (and earlier steps')."""
+        wanted = set(self.carry_ids)
+        self.buffer_samples = [s for s in samples if s.prompt_id in wanted]
+        missing = wanted - {s.prompt_id for s in self.buffer_samples}
+        if missing:
+            raise ValueError(f"speed: no screening samples to carry for {sorted(missing)[:3]}")
+
+    # -- the round protocol ------------------------------------------------------------------------------------
 
     @property
     def last_round(self) -> bool:
@@ -59,9 +96,18 @@ class SpeedStrategy(Strategy):
     def ready(self) -> bool:
         return len(self.complete) >= self.m
 
+    def continue_count(self) -> int:
+        return min(self.m - len(self.complete), len(self.accepted))
+
+    def screening_needed(self) -> bool:
+        """Whether this round screens fresh candidates: the accepted prompts left after this round's continuation
+        do not cover the rest of this step (and, with carry_over, a full next step)."""
+        go_on = self.continue_count()
+        still = self.m - len(self.complete) - go_on + (self.m if self.carry_over else 0)
+        return not self.last_round and len(self.accepted) - go_on < still
+
     def next_request(self) -> Request:
-        enough = len(self.complete) + len(self.accepted) >= self.m
-        return Request(draw=0 if enough or self.last_round else self.k * self.m)
+        return Request(draw=self.k * self.m if self.screening_needed() else 0)
 
     def propose(self, candidates: Sequence[PromptRecord], values: np.ndarray | None) -> list[Rollout]:
         room = self.m - len(self.complete)
@@ -71,7 +117,7 @@ class SpeedStrategy(Strategy):
             self.filled = len(fill)
             go_on = go_on + fill
         self.continuing = {p.id: p for p in go_on}
-        fresh = [] if self.last_round else [c for c in candidates if c.id not in self.seen]
+        fresh = [c for c in candidates if c.id not in self.seen] if self.screening_needed() else []
         self.seen.update(c.id for c in fresh)
         self.screening = {c.id: c for c in fresh}
         return ([Rollout(p, self.n - self.n_init) for p in go_on] +
@@ -85,7 +131,9 @@ class SpeedStrategy(Strategy):
         for pid, prompt in self.screening.items():
             if pid not in rewards:
                 raise ValueError(f"speed: no screening rewards observed for prompt {pid!r}")
-            (self.rejected if zero_variance(rewards[pid]) else self.accepted).append(prompt)
+            accept = not zero_variance(rewards[pid])
+            (self.accepted if accept else self.rejected).append(prompt)
+            self.accepted_now += accept
         self.screened += len(self.screening)
         self.screening, self.continuing = {}, {}
         super().observe(rewards)
@@ -97,16 +145,42 @@ class SpeedStrategy(Strategy):
         if not self.ready:
             raise RuntimeError("speed: finish_step before the batch is ready")
         self.totals["shortfall"] += self.filled
-        accepted = len(self.complete) - self.filled + len(self.accepted)  # passed screening, continued or not
+        carried = {p.id for p in self.buffer}
+        batch = self.complete[: self.m]
+        self.buffer = list(self.accepted) if self.carry_over else []
         self.last = {"speed_rounds": float(self.round), "speed_screened": float(self.screened),
-                     "speed_accept_share": accepted / max(1, self.screened), "speed_shortfall": float(self.filled)}
-        return self.complete[: self.m]
+                     "speed_accept_share": self.accepted_now / max(1, self.screened),
+                     "speed_shortfall": float(self.filled),
+                     "speed_carried_in": float(self.carried_in),  # D_accepted at the start of the step
+                     "speed_off_policy_prompts": float(sum(p.id in carried for p in batch)),
+                     "speed_carried_out": float(len(self.buffer))}
+        return batch
+
+    # -- state and figures -------------------------------------------------------------------------------------
 
     def metrics(self) -> dict[str, float]:
         return self.last | {"speed_shortfall_total": float(self.totals["shortfall"])}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"totals": dict(self.totals)}
+        return {"totals": dict(self.totals), "buffer": [asdict(p) for p in self.buffer],
+                "buffer_samples": [asdict(s) for s in self.buffer_samples]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.totals = {key: int(value) for key, value in state.get("totals", self.totals).items()}
+        self.buffer = [_prompt(p) for p in state.get("buffer", [])]
+        self.buffer_samples = [_sample(s) for s in state.get("buffer_samples", [])]
+        self.begin_step(self.step)
+
+
+def _prompt(d: dict[str, Any]) -> PromptRecord:
+    ids = d.get("prompt_token_ids")
+    answer = d["answer"]
+    return PromptRecord(str(d["id"]), str(d["problem"]), list(answer) if isinstance(answer, list) else answer,
+                        str(d["prompt"]), tuple(int(i) for i in ids) if ids is not None else None)
+
+
+def _sample(d: dict[str, Any]) -> Sample:
+    from pcl.batch import Sample  # imports torch: only on a resume that carries samples
+
+    return Sample(str(d["prompt_id"]), int(d["sample_index"]), tuple(int(i) for i in d["prompt_token_ids"]),
+                  tuple(int(i) for i in d["response_token_ids"]), float(d["reward"]), str(d["finish_reason"]))

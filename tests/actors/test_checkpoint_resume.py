@@ -36,19 +36,24 @@ def final_weights(run_dir: Path) -> dict:
     return torch.load(ckpt / "learner.pt", map_location="cpu", weights_only=True)["model"]
 
 
-def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tmp_path):
+# SPEED with carry_over holds prompts and their screening samples across steps: its checkpoint must carry them.
+SPEED_CARRY = ("selection.type=speed", "selection.k=2", "selection.n_init=2", "selection.carry_over=true")
+
+
+@pytest.mark.parametrize("selection", [(), pytest.param(SPEED_CARRY, marks=pytest.mark.slow)], ids=["pcl", "speed"])
+def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tmp_path, selection):
     from pcl.tiny.build import build_tiny
 
     build_tiny(seed=0)  # cached after the first build
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run = pcl_train(straight)
+    run = pcl_train(straight, *selection)
     out, _ = run.communicate(timeout=600)
     assert run.returncode == 0, out[-3000:]
 
     # The same run, killed like a crashed machine while step T+1 is under way (its checkpoint at T is complete).
     # The kill follows the step-T checkpoint's COMPLETE marker within milliseconds, not the printed step line,
     # which trails its step by up to a second: on a fast machine steps T+1..2T can be done by then.
-    victim = pcl_train(resumed, start_new_session=True)
+    victim = pcl_train(resumed, *selection, start_new_session=True)
     printed: list[str] = []
     drain = threading.Thread(target=lambda: printed.extend(victim.stdout), daemon=True)
     drain.start()
@@ -63,7 +68,7 @@ def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tmp_path):
     assert (resumed / "checkpoints" / f"step-{T:06d}" / "COMPLETE").is_file()
     assert not (resumed / "checkpoints" / f"step-{2 * T:06d}").exists()
 
-    again = pcl_train(resumed, "--resume")
+    again = pcl_train(resumed, *selection, "--resume")
     out, _ = again.communicate(timeout=600)
     assert again.returncode == 0, out[-3000:]
     assert f"restored step {T} (policy version {T})" in out
@@ -89,6 +94,8 @@ def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tmp_path):
     straight_records = assert_each_step_once_and_exact_batches(straight, 2 * T)
     assert [r["train_reward_mean"] for r in records] == [r["train_reward_mean"] for r in straight_records]
     assert M * N == records[0]["batch_samples"]
+    if selection:  # the resumed step continued prompts screened before the kill
+        assert records[T]["speed_carried_in"] == straight_records[T]["speed_carried_in"] > 0
 
 
 @pytest.mark.slow  # tests/test_bad_input.py checks the same refusal in the default suite, without a run

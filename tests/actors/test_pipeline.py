@@ -92,7 +92,7 @@ def test_the_evaluation_suite_runs_during_training_and_the_best_checkpoint_is_ke
         "data.tiny_size=256", "data.max_prompt_tokens=1024", "selection.k=2", "value.ev_sample=4",
         "run.time_budget_s=null", "control.port=0", f"data.root={math}", "evaluation.suite=[math500,aime24]",
         "evaluation.every=2", "evaluation.limit=3", "evaluation.k={aime24: 4}", "evaluation.max_new_tokens=8",
-        "checkpoint.keep=1"])
+        "checkpoint.keep=1", "evaluation.best_by=math500", "evaluation.top_k=-1"])
     assert run_training(cfg, run_dir=str(tmp_path / "run")) == 0
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     evaluated = [r for r in records if "suite_average" in r]
@@ -101,7 +101,10 @@ def test_the_evaluation_suite_runs_during_training_and_the_best_checkpoint_is_ke
         assert 0.0 <= r["suite_math500"] <= 1.0 and 0.0 <= r["suite_aime24"] <= 1.0
         assert r["suite_average"] == (r["suite_math500"] + r["suite_aime24"]) / 2
     best = json.loads((tmp_path / "run" / "best.json").read_text())
-    assert best["step"] == 2 or best["average"] > evaluated[0]["suite_average"]  # the first, unless beaten
+    assert best["step"] == 2 or best["score"] > evaluated[0]["suite_math500"]  # the first, unless beaten
+    chosen = next(r for r in evaluated if r["step"] == best["step"])
+    assert (best["best_by"], best["score"], best["average"]) == ("math500", chosen["suite_math500"],
+                                                                 chosen["suite_average"])
     kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert f"step-{best['step']:06d}" in kept and "step-000004" in kept  # the best survives keep=1
     assert "suite" in capsys.readouterr().out

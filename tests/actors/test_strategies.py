@@ -19,12 +19,15 @@ STRATEGIES = {
     "prefilter": ["selection.type=prefilter", "selection.n_pre=4", "selection.p_low=0.05", "selection.p_high=0.95"],
     "dynamic_sampling": ["selection.type=dynamic_sampling", "selection.k=2", "selection.max_rounds=3"],
     "speed": ["selection.type=speed", "selection.k=2", "selection.n_init=2", "selection.max_rounds=3"],
+    "speed_on_policy": ["selection.type=speed", "selection.k=2", "selection.n_init=2", "selection.max_rounds=3",
+                        "selection.carry_over=false"],
     "greso": ["selection.type=greso", "selection.k=2", "selection.max_rounds=3"],
     "pcl_pipelined": ["selection.type=pcl", "selection.k=2", "selection.pipelined=true"],
 }
 # Each strategy's own figures in the step record.
 OWN_METRICS = {"prefilter": "prefilter_admitted_share", "dynamic_sampling": "dynamic_sampling_shortfall",
-               "speed": "speed_screened", "greso": "greso_p_easy", "pcl_pipelined": "tau"}
+               "speed": "speed_screened", "speed_on_policy": "speed_screened", "greso": "greso_p_easy",
+               "pcl_pipelined": "tau"}
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +61,26 @@ def test_strategy_trains_a_few_steps_end_to_end(name, ray_session, tmp_path):
         assert r["samples_generated"] >= M * N and 0.0 <= r["effective_ratio"] <= 1.0
         assert OWN_METRICS[name] in r
     assert [r["policy_version"] for r in steps] == [1, 2, 3]
-    if name == "speed":  # screening, then continuation (batched with more screening when short)
+    if name == "speed_on_policy":  # screening, then continuation (batched with more screening when short)
         assert all(r["generation_rounds"] >= 2 for r in steps)
         assert all(r["samples_generated"] >= 2 * M * 2 + M * (N - 2) for r in steps)
+        assert all(r["speed_off_policy_prompts"] == 0 and r["speed_carried_out"] == 0 for r in steps)
+    if name == "speed":  # the paper's SPEED: step 1 screens and continues; later steps continue D_accepted
+        assert steps[0]["generation_rounds"] >= 2 and steps[0]["speed_off_policy_prompts"] == 0
+        assert all(r["batch_unique_samples"] == r["batch_samples"] == M * N for r in steps)
+        for before, r in zip(steps, steps[1:]):
+            assert r["speed_carried_in"] == before["speed_carried_out"]
+            assert r["speed_off_policy_prompts"] == min(M, r["speed_carried_in"])
+        assert any(r["speed_off_policy_prompts"] > 0 for r in steps[1:])
     if name in ("dynamic_sampling", "greso"):
         assert all(1 <= r["generation_rounds"] <= 3 for r in steps)
         # The kept prompts have mixed rewards; only the counted shortfall may be zero-variance.
         assert all(r["effective_ratio"] > 0 or r[f"{name}_shortfall"] == M for r in steps)
+    if name == "dynamic_sampling":  # at_round_limit=shrink: only informative groups, unless none was found
+        assert all(r["effective_ratio"] == 1.0 or r["dynamic_sampling_filled"] == M for r in steps)
+        assert all(r["batch_samples"] == r["dynamic_sampling_batch_prompts"] * N for r in steps)
+        hits = [r["dynamic_sampling_round_limit_hit"] for r in steps]
+        assert steps[-1]["dynamic_sampling_round_limit_hits_total"] == sum(hits)
     if name == "prefilter":
         cache = json.loads((run / REFERENCE_FILE).read_text())
         assert cache["n_pre"] == 4 and len(cache["pass_rates"]) == 256

@@ -35,7 +35,29 @@ def test_preset_has_the_papers_settings(path):
     assert cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens == 4096
     assert cfg.data.template == ("chat" if "instruct" in model else "qwen_base")
     assert cfg.rollout.engine == "vllm" and cfg.learner.backend == "nccl" and cfg.learner.num_gpus_per_rank == 1
-    assert cfg.evaluation.suite == ["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"]
+    ev = cfg.evaluation
+    assert (ev.temperature, ev.top_p) == (0.6, 0.95)
+    if dataset == "math":  # the paper's MATH protocol: MATH500 every 8 steps, the best checkpoint by it, top-k 20
+        assert (ev.suite, ev.every, ev.best_by, ev.top_k) == (["math500"], 8, "math500", 20)
+    else:  # DeepScaleR: the six-benchmark average picks the best checkpoint, top-k disabled
+        assert ev.suite == ["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"]
+        assert (ev.every, ev.best_by, ev.top_k) == (20, "average", -1)
+    assert ev.keep_best
+
+
+def test_best_by_must_name_average_or_a_benchmark_of_the_suite(tmp_path):
+    from pcl.config import ConfigError
+    from pcl.evaluation import best_score
+
+    preset = REPO / "configs" / "presets" / "qwen3-1.7b-base-math.yaml"
+    with pytest.raises(ConfigError, match="best_by"):
+        load_config(preset, ["evaluation.best_by=aime24"])
+    cfg = load_config(preset, ["evaluation.suite=[math500,aime24]", "evaluation.best_by=aime24", "evaluation.top_k=-1"])
+    assert (cfg.evaluation.best_by, cfg.evaluation.top_k) == ("aime24", -1)
+    record = {"suite_math500": 0.7, "suite_aime24": 0.1, "suite_average": 0.4}
+    assert (best_score(record, "average"), best_score(record, "math500"), best_score(record, "aime24")) == (0.4, 0.7, 0.1)
+    with pytest.raises(KeyError, match="minerva"):
+        best_score(record, "minerva")
 
 
 @pytest.mark.parametrize("baseline", BASELINES, ids=lambda p: p.stem)
@@ -47,7 +69,11 @@ def test_each_baseline_over_a_preset_replaces_only_the_selection(baseline):
     if baseline.stem == "prefilter":
         assert (combined.selection.n_pre, combined.selection.p_low, combined.selection.p_high) == (16, 0.0, 1.0)
     if baseline.stem == "speed":
-        assert combined.selection.n_init == 4
+        assert (combined.selection.k, combined.selection.n_init, combined.selection.carry_over) == (2, 4, True)
+    if baseline.stem == "dynamic_sampling":  # Algorithm 3: k=2, until m informative prompts (round-limit safeguard)
+        assert (combined.selection.k, combined.selection.at_round_limit) == (2, "shrink")
+    if baseline.stem == "greso":  # a first round of 768 prompts at m=512
+        assert combined.selection.k * combined.run.m == 768
 
 
 def test_layering_keeps_a_same_strategy_section_and_cli_takes_several_files(tmp_path):

@@ -41,10 +41,12 @@ class World:
                 seen.setdefault(i, None)
         return [self.records[i] for i in seen]
 
-    def run_step(self, strategy, step: int = 0, values=None):
-        """One step through the protocol; returns (batch prompts, groups [m, n], ledger, rounds)."""
+    def run_step(self, strategy, step: int = 0, values=None, full: bool = True):
+        """One step through the protocol; returns (batch prompts, groups [m, n], ledger, rounds). With
+        full=False the batch may hold fewer than m prompts (dynamic sampling's `shrink` at its round limit)."""
         ledger, rounds = RoundLedger(), 0
         strategy.begin_step(step)
+        ledger.carry_in(strategy.carried_samples())
         while not strategy.ready:
             request = strategy.next_request()
             candidates = self.draw(request.draw) if request.draw else []
@@ -60,8 +62,9 @@ class World:
             rounds += 1
             assert rounds < 100, "the strategy never became ready"
         batch = strategy.finish_step()
+        strategy.carry(ledger.samples_of(strategy.carry_ids))
         ids = [p.id for p in batch]
-        assert len(ids) == len(set(ids)) == strategy.m
+        assert len(ids) == len(set(ids)) and (len(ids) == strategy.m if full else 1 <= len(ids) <= strategy.m)
         groups = group_samples(ledger.samples_of(ids), ids, strategy.n)  # raises on a missing / extra index
         return batch, groups, ledger, rounds
 
@@ -156,15 +159,59 @@ def test_dynamic_sampling_keeps_only_informative_prompts_when_there_are_enough()
     assert strategy.metrics()["dynamic_sampling_shortfall"] == 0
 
 
-def test_dynamic_sampling_fills_the_batch_and_counts_the_shortfall_when_rounds_run_out():
+def test_dynamic_sampling_fill_pads_the_batch_and_counts_the_shortfall_when_rounds_run_out():
     world = World(rates_cycle(400, [0.0, 1.0]))  # nothing informative at all
-    strategy = DynamicSamplingStrategy(16, 4, k=2, max_rounds=3)
+    strategy = DynamicSamplingStrategy(16, 4, k=2, max_rounds=3, at_round_limit="fill")
     batch, groups, ledger, rounds = world.run_step(strategy)
     assert rounds == 3 and ledger.generated == 3 * 32 * 4  # bounded: exactly max_rounds rounds
     assert groups.rewards.shape == (16, 4)  # filled with the best available, never a crash
     assert strategy.metrics()["dynamic_sampling_shortfall"] == 16
     world.run_step(strategy, 1)
-    assert strategy.metrics()["dynamic_sampling_shortfall_total"] == 32
+    m = strategy.metrics()
+    assert m["dynamic_sampling_shortfall_total"] == 32 and m["dynamic_sampling_round_limit_hits_total"] == 2
+
+
+def test_dynamic_sampling_as_the_paper_draws_2m_per_round_until_m_informative_prompts_are_buffered():
+    rates = rates_cycle(2000, [0.0, 1.0, 0.0, 1.0, 0.0, 0.5])  # a sixth informative: about 3 rounds of 2m
+    world = World(rates)
+    strategy = make_strategy(DynamicSamplingSelection(), 16, n=8)
+    assert (strategy.k, strategy.max_rounds, strategy.at_round_limit) == (2, 16, "shrink")
+    strategy.begin_step(0)
+    assert strategy.next_request().draw == 32  # k*m
+    batch, groups, ledger, rounds = world.run_step(strategy)
+    assert rounds >= 2 and ledger.generated == rounds * 32 * 8
+    assert all(rates[p.id] == 0.5 for p in batch) and (groups.rewards.std(axis=1) > 0).all()  # effective ratio 1
+    m = strategy.metrics()
+    assert m["dynamic_sampling_round_limit_hit"] == 0 and m["dynamic_sampling_round_limit_hits_total"] == 0
+
+
+def test_dynamic_sampling_shrink_trains_on_the_informative_prompts_kept_when_the_round_limit_hits(caplog):
+    rates = rates_cycle(2000, [0.0] * 15 + [0.5])  # 1 in 16 informative: 2 rounds of 2m keep about 4 of m=16
+    world = World(rates)
+    strategy = DynamicSamplingStrategy(16, 8, k=2, max_rounds=2, at_round_limit="shrink")
+    with caplog.at_level("WARNING", logger="pcl.strategies.base"):
+        batch, groups, _, rounds = world.run_step(strategy, full=False)
+    assert rounds == 2 and 1 <= len(batch) < 16
+    assert all(rates[p.id] == 0.5 for p in batch) and (groups.rewards.std(axis=1) > 0).all()
+    m = strategy.metrics()
+    assert m["dynamic_sampling_batch_prompts"] == len(batch) and m["dynamic_sampling_filled"] == 0
+    assert m["dynamic_sampling_shortfall"] == 16 - len(batch) and m["dynamic_sampling_round_limit_hits_total"] == 1
+    assert "max_rounds=2" in caplog.text and f"trains on those {len(batch)} prompts only" in caplog.text
+    state = json.loads(json.dumps(strategy.state_dict()))
+    again = DynamicSamplingStrategy(16, 8, k=2, max_rounds=2, at_round_limit="shrink")
+    again.load_state_dict(state)
+    assert again.totals == strategy.totals and again.totals["round_limit_hits"] == 1
+
+
+def test_dynamic_sampling_shrink_with_nothing_informative_trains_a_zero_gradient_batch_of_m():
+    world = World(rates_cycle(400, [0.0, 1.0]))
+    strategy = DynamicSamplingStrategy(8, 4, k=2, max_rounds=2, at_round_limit="shrink")
+    _, groups, _, _ = world.run_step(strategy)
+    assert groups.rewards.shape == (8, 4) and (groups.rewards.std(axis=1) == 0).all()
+    assert strategy.metrics()["dynamic_sampling_filled"] == 8
+    assert strategy.metrics()["dynamic_sampling_round_limit_hits_total"] == 1
+    with pytest.raises(ValueError, match="at_round_limit"):
+        DynamicSamplingStrategy(8, 4, k=2, max_rounds=2, at_round_limit="crash")
 
 
 # -- speed -----------------------------------------------------------------------------------------------------
@@ -207,6 +254,55 @@ def test_speed_fills_from_screened_prompts_in_the_last_round_when_nothing_is_acc
     batch, groups, _, rounds = world.run_step(strategy)
     assert rounds == 3 and groups.rewards.shape == (8, 6) and (groups.rewards == 1).all()
     assert strategy.metrics()["speed_shortfall"] == 8 and strategy.metrics()["speed_shortfall_total"] == 8
+
+
+def test_speed_carry_over_continues_the_accepted_leftover_in_the_next_step_in_one_call():
+    rates = rates_cycle(4000, [0.5])  # n_init=4 screening accepts ~7/8
+    world = World(rates)
+    strategy = make_strategy(SpeedSelection(), 8, seed=0, n=8)  # the config's default: the paper's SPEED
+    assert (strategy.k, strategy.n_init, strategy.carry_over) == (2, 4, True)
+    _, _, first, rounds = world.run_step(strategy, 0)
+    m0 = strategy.metrics()
+    assert rounds == 2 and m0["speed_carried_in"] == 0 and m0["speed_off_policy_prompts"] == 0
+    carried = strategy.carry_ids
+    assert len(carried) == m0["speed_carried_out"] > 0  # screened by step 0's policy, not continued
+    assert {s.prompt_id for s in strategy.carried_samples()} == set(carried)
+    assert all(s.sample_index < 4 for s in strategy.carried_samples())
+    for step in range(1, 6):
+        batch, groups, ledger, rounds = world.run_step(strategy, step)  # the harness checks indices 0..n-1
+        m = strategy.metrics()
+        assert rounds == 1  # continuation of D_accepted, batched with screening that refills it
+        assert m["speed_off_policy_prompts"] == 8 and groups.rewards.shape == (8, 8)
+        assert ledger.generated == 8 * 4 + m["speed_screened"] * 4  # carried samples are not generated again
+        assert m["speed_carried_out"] >= 8  # a full next step in reserve, so the buffer stays bounded
+        assert m["speed_carried_out"] <= 8 + 2 * 8
+
+
+def test_speed_carried_buffer_and_samples_survive_a_checkpoint_exactly():
+    rates = rates_cycle(400, [0.0, 0.5, 0.5, 1.0])
+    a, b = World(rates), World(rates)
+    first = SpeedStrategy(8, 8, k=2, n_init=4, max_rounds=4, carry_over=True)
+    for step in range(3):
+        a.run_step(first, step)
+    state = json.loads(json.dumps(first.state_dict()))
+    second = SpeedStrategy(8, 8, k=2, n_init=4, max_rounds=4, carry_over=True)
+    second.load_state_dict(state)
+    assert second.carry_ids == first.carry_ids and second.carried_samples() == first.carried_samples()
+    assert second.buffer == first.buffer and second.totals == first.totals
+    b.sampler.load_state_dict(a.sampler.state_dict())
+    a.rng, b.rng = np.random.default_rng(7), np.random.default_rng(7)
+    assert [p.id for p in a.run_step(first, 3)[0]] == [p.id for p in b.run_step(second, 3)[0]]
+    assert first.carried_samples() == second.carried_samples()
+
+
+def test_speed_on_policy_drops_the_accepted_leftover_at_the_end_of_the_step():
+    world = World(rates_cycle(400, [0.5]))
+    strategy = make_strategy(SpeedSelection(carry_over=False), 8, n=8)
+    for step in range(3):
+        _, _, ledger, rounds = world.run_step(strategy, step)
+        m = strategy.metrics()
+        assert m["speed_carried_in"] == m["speed_carried_out"] == m["speed_off_policy_prompts"] == 0
+        assert rounds == 2 and strategy.carried_samples() == [] and strategy.state_dict()["buffer"] == []
 
 
 def test_speed_rejects_settings_that_cannot_work():
@@ -282,6 +378,12 @@ def test_make_strategy_builds_every_configured_type():
         assert type(strategy) is cls and strategy.name == section.type
     assert make_strategy(PCLSelection(pipelined=True), 8, n=8).pipelined
     assert make_strategy(PrefilterSelection(n_pre=6), 8, n=8).reference_rollouts == 6
+    assert make_strategy(PrefilterSelection(), 8, n=8).reference_rollouts == 16  # the paper's n_pre
+    speed = make_strategy(SpeedSelection(), 8, n=16)
+    assert (speed.k, speed.n_init) == (2, 4)
+    greso_first = make_strategy(GresoSelection(), 512, n=16)
+    greso_first.begin_step(0)
+    assert greso_first.next_request().draw == 768  # the paper's B_r^default for m = 512
     with pytest.raises(ValueError, match="n_init"):
         make_strategy(SpeedSelection(n_init=8), 8, n=8)
 
