@@ -33,6 +33,7 @@ from __future__ import annotations
 import gc
 import os
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -279,9 +280,8 @@ class VLLMEngine(Engine):
         update succeeds, and re-raises.
         """
         llm = self._serving("load_weights")
-        check_version(version)
         loaded = 0
-        try:
+        with self._updating(llm, version):
             llm.collective_rpc("pcl_begin_update")
             try:
                 for packed in pack_weights(iter_named_tensors(weights), self.update_chunk_bytes):
@@ -289,12 +289,20 @@ class VLLMEngine(Engine):
                     loaded += int(per_worker[0])
             finally:
                 llm.collective_rpc("pcl_finish_update")
+        return loaded
+
+    @contextmanager
+    def _updating(self, llm, version: int):
+        """Around a weight update: on success the prefix cache (KV of the old policy) is dropped and `version`
+        served; on any failure policy_version is -1, so the worker serves nothing until an update succeeds."""
+        check_version(version)
+        try:
+            yield
             llm.reset_prefix_cache()
         except BaseException:
             self._policy_version = -1
             raise
         self._policy_version = version
-        return loaded
 
     def join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str = "gloo",
                           timeout_s: float = 120.0) -> list[int]:
@@ -310,14 +318,8 @@ class VLLMEngine(Engine):
         """Take the weights learner rank 0 broadcasts on the joined group as policy `version`; returns the tensors
         loaded. A failure leaves policy_version -1, as in load_weights."""
         llm = self._serving("receive_weights")
-        check_version(version)
-        try:
+        with self._updating(llm, version):
             loaded = int(llm.collective_rpc("pcl_receive_weights")[0])
-            llm.reset_prefix_cache()
-        except BaseException:
-            self._policy_version = -1
-            raise
-        self._policy_version = version
         return loaded
 
     def close(self) -> None:
