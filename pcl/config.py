@@ -454,8 +454,12 @@ def dump_config(cfg: Config) -> str:
 
 def redacted(cfg: Config, token_mask: str | None = MASK) -> Config:
     """The config with its secrets hidden, for printing and run directories: control.token replaced by
-    `token_mask` when set (None drops it: a run directory's copy), the password of redis.url masked."""
+    `token_mask` when set (None drops it: a run directory's copy), the passwords of redis.url and
+    logging.mlflow_tracking_uri masked."""
     token = None if cfg.control.token is None else token_mask
     url = None if cfg.redis.url is None else mask_url(cfg.redis.url)
-    return cfg.model_copy(update={"control": cfg.control.model_copy(update={"token": token}),
-                                  "redis": cfg.redis.model_copy(update={"url": url})})
+    mlflow = cfg.logging.mlflow_tracking_uri
+    return cfg.model_copy(update={
+        "control": cfg.control.model_copy(update={"token": token}),
+        "redis": cfg.redis.model_copy(update={"url": url}),
+        "logging": cfg.logging.model_copy(update={"mlflow_tracking_uri": mlflow and mask_url(mlflow)})})

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pcl.config import Config, ConfigError
+from pcl.config import Config, ConfigError, redacted
 
 TRACKERS_FILE = "trackers.json"
 # backend -> (module that must be importable, the pip extra that installs it)
@@ -77,18 +77,8 @@ def tracker_metrics(record: dict) -> dict[str, float]:
 
 def flat_config(cfg: Config) -> dict[str, Any]:
     """The config as dotted keys (`selection.tau`), secrets left out: no control token, no password in a URL."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    def masked(url: str | None) -> str | None:
-        parts = urlsplit(url) if url else None
-        if parts is None or parts.password is None:
-            return url
-        return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
-
-    tree = cfg.model_dump(mode="json")
+    tree = redacted(cfg, token_mask=None).model_dump(mode="json")
     tree["control"].pop("token", None)
-    tree["redis"]["url"] = masked(tree["redis"]["url"])
-    tree["logging"]["mlflow_tracking_uri"] = masked(tree["logging"]["mlflow_tracking_uri"])
     out: dict[str, Any] = {}
 
     def walk(prefix: str, node: Any) -> None:
