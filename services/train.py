@@ -251,6 +251,19 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[-1][:200] if text else ''}"
 
 
+def finish_run(run_dir: Path, summary: dict, trackers, control) -> None:
+    """The end of a finished run: summary.json, the trackers' last events and summary, and the report printed
+    (the same as `pcl summary RUN_DIR`)."""
+    from pcl.runlog import summarize, summary_report
+
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    trackers.relay(control.store)
+    trackers.finish({**summarize(read_metrics(run_dir / METRICS_FILE)), "restarts": summary["restarts"],
+                     "total_seconds": summary["total_seconds"]})
+    print(f"pcl: done: {summary['steps']} steps in {summary['total_seconds']:.0f}s\n" + summary_report([run_dir]),
+          flush=True)
+
+
 def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = None) -> int:
     """Train to completion; returns the process exit code."""
     started = time.perf_counter()
@@ -316,17 +329,9 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
                       file=sys.stderr, flush=True)
                 fleet.stop()
                 fleet = None
-        summary["restarts"] = restarts
-        summary["redis_restarts"] = keep_redis.restarts
-        summary["total_seconds"] = time.perf_counter() - started
-        (prep.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        from pcl.runlog import summarize, summary_report
-
-        trackers.relay(control.store)
-        trackers.finish({**summarize(read_metrics(prep.run_dir / METRICS_FILE)), "restarts": restarts,
-                         "total_seconds": summary["total_seconds"]})
-        print(f"pcl: done: {summary['steps']} steps in {summary['total_seconds']:.0f}s\n"
-              + summary_report([prep.run_dir]), flush=True)
+        summary.update(restarts=restarts, redis_restarts=keep_redis.restarts,
+                       total_seconds=time.perf_counter() - started)
+        finish_run(prep.run_dir, summary, trackers, control)
         return 0
     except BaseException as exc:
         trackers.close(failed=True)
