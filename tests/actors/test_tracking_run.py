@@ -13,7 +13,6 @@ import pytest
 from pcl.config import load_config
 from pcl.runlog import read_metrics
 from services.tracking import TRACKERS_FILE, tracker_metrics
-from tests.actors.test_pipeline import untrained_tiny  # noqa: F401 - a fixture
 from tests.services import tracker_readers as read
 
 # Two training runs (about 2 minutes on an idle 2-core machine, 5 under load): the default suite has the same
@@ -28,7 +27,7 @@ def one_value_per_step(stored: dict) -> dict:
     return {key: {step: values[0] for step, values in steps.items()} for key, steps in stored.items()}
 
 
-def test_trackers_hold_one_run_per_backend_through_a_resume(untrained_tiny, tmp_path, monkeypatch, capsys):  # noqa: F811
+def test_trackers_hold_one_run_per_backend_through_a_resume(untrained_tiny, tmp_path, monkeypatch, capsys):
     from services.train import run_training
 
     read.offline_env(monkeypatch)
