@@ -75,7 +75,7 @@ class StepBatch:
 class Coordinator:
     def __init__(self, cfg: dict, run_dir: str, fleet: dict, eval_prompts: list[PromptRecord],
                  suite: dict[str, list[PromptRecord]] | None = None):
-        from services.fleet import RolloutClient  # noqa: PLC0415 - keeps redis out of import time
+        from services.rollout_client import RolloutClient  # noqa: PLC0415 - keeps redis out of import time
         from services.run_control import RunControl  # noqa: PLC0415
 
         self.cfg = Config.model_validate(cfg)
@@ -508,7 +508,7 @@ def _weight_broadcast(cfg: Config, learners, workers):
     """The collective weight sync of `rollout.weight_sync: collective` (NCCL with GPUs, else gloo), or None."""
     if cfg.rollout.weight_sync != "collective":
         return None
-    from services.weight_broadcast import WeightBroadcast  # noqa: PLC0415
+    from actors.weight_broadcast import WeightBroadcast  # noqa: PLC0415
 
     gpus = cfg.learner.num_gpus_per_rank > 0 and cfg.rollout.num_gpus_per_worker > 0
     return WeightBroadcast(learners, workers, cfg.rollout, "nccl" if gpus else "gloo", cfg.learner.timeout_s)

@@ -21,10 +21,10 @@ class RewardVerifier:
                  timeout_s: float, visibility_timeout_s: float = 30.0, max_deliveries: int = 3,
                  max_tasks_per_worker: int | None = 1000):
         """answers: gold answer by prompt id; None reads the run's answers from Redis
-        (`services.fleet.publish_answers`), which is how the fleet starts them: a restarted verifier finds
+        (`services.rollout_client.publish_answers`), which is how the fleet starts them: a restarted verifier finds
         them there whatever became of its creator."""
         init_actor_process(1)
-        from services.fleet import read_answers
+        from services.rollout_client import read_answers
         from pcl.reward_pool import RewardPool
         from services.queues import WorkQueue, stream_key
         from services.redis_server import make_client

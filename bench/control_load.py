@@ -152,7 +152,7 @@ class TrainingThread(threading.Thread):
         self.cfg, self.run_dir, self.result = cfg, run_dir, None
 
     def run(self) -> None:
-        from services.train import run_training
+        from entrypoints.train import run_training
 
         try:
             self.result = run_training(self.cfg, run_dir=str(self.run_dir))
@@ -286,7 +286,7 @@ def run(args: argparse.Namespace) -> dict:
 
     from pcl.config import load_config
     from pcl.runlog import METRICS_FILE
-    from services.train import start_ray
+    from entrypoints.train import start_ray
 
     phases = schedule(args.warmup_steps, args.phase_steps, args.rounds)
     steps = phases[-1][2] + 1  # one step more: the control plane still answers when the last phase ends

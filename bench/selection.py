@@ -85,7 +85,7 @@ def main() -> int:
     from pcl.engines.hf import HFEngine
     from pcl.selection import select_closest
     from pcl.value import ValueModel, ValueTrainer
-    from services.train import resolve_model_path
+    from entrypoints.train import resolve_model_path
 
     cfg = load_config(args.config)
     m = args.m or cfg.run.m

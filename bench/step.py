@@ -195,7 +195,7 @@ def run_ours(args: argparse.Namespace) -> dict:
     """`pcl train configs/tiny.yaml` for `steps` steps with the given strategy; per-step times from metrics."""
     from pcl.config import load_config
     from pcl.runlog import read_metrics
-    from services.train import run_training
+    from entrypoints.train import run_training
 
     run_dir = Path(args.out).with_suffix(".run")  # fresh per run: a run dir that holds metrics is refused
     overrides = [f"run.steps={args.steps}", "run.eval_every=0", "run.time_budget_s=null",

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pcl.config import ConfigError
 from pcl.reward import last_boxed
+from pcl.rows import read_file, read_hf
 
 
 @dataclass(frozen=True)
@@ -88,14 +89,12 @@ def fields_for(known: KnownDataset, root: Path | None) -> Fields:
 def read_known(known: KnownDataset, root: Path | None, revision: str | None = None) -> list[dict]:
     """The rows of a known dataset: its local copy under root when there is one, else the hub at `revision`
     (default: the dataset's pinned revision, if any)."""
-    from pcl.data import _read_file, _read_hf  # noqa: PLC0415 - pcl.data imports this module
-
     path = local_copy(known, root)
     if path is not None:
-        rows = _read_file(path)
+        rows = read_file(path)
     else:
         try:
-            rows = _read_hf(known.hub, known.split, known.config, revision or known.revision)
+            rows = read_hf(known.hub, known.split, known.config, revision or known.revision)
         except (ImportError, ValueError) as exc:
             where = f"; no {known.file} under data root {root}" if known.file and root else (
                 f"; or set data.root / PCL_DATA_ROOT to a directory holding {known.file}" if known.file else "")

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def fleet_actors(fleet: dict) -> dict[str, Any]:
-    """Named actor handles of a fleet dict (services.fleet.start_fleet's handles), for health checks."""
+    """Named actor handles of a fleet dict (entrypoints.fleet.start_fleet's handles), for health checks."""
     actors = {"sampler": fleet.get("sampler"), "scorer": fleet.get("scorer")}
     learners = fleet.get("learners")
     actors.update({f"learner-{i}": rank for i, rank in enumerate(getattr(learners, "ranks", []))})

@@ -18,8 +18,24 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from pcl.config import Config
-from services.tracking import flat_config
+from pcl.config import Config, redacted
+
+
+def flat_config(cfg: Config) -> dict[str, Any]:
+    """The config as dotted keys (`selection.tau`), secrets left out: no control token, no password in a URL."""
+    tree = redacted(cfg, token_mask=None).model_dump(mode="json")
+    tree["control"].pop("token", None)
+    out: dict[str, Any] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(f"{prefix}.{key}" if prefix else key, value)
+        else:
+            out[prefix] = node if isinstance(node, (int, float, str, bool)) or node is None else json.dumps(node)
+
+    walk("", tree)
+    return out
 
 
 class TensorBoardAdapter:

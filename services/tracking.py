@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pcl.config import Config, ConfigError, redacted
+from pcl.config import Config, ConfigError
+from services.tracker_backends import flat_config
 
 TRACKERS_FILE = "trackers.json"
 # backend -> (module that must be importable, the pip extra that installs it)
@@ -72,23 +73,6 @@ def tracker_metrics(record: dict) -> dict[str, float]:
             continue
         if math.isfinite(value):
             out[tracker_key(name)] = float(value)
-    return out
-
-
-def flat_config(cfg: Config) -> dict[str, Any]:
-    """The config as dotted keys (`selection.tau`), secrets left out: no control token, no password in a URL."""
-    tree = redacted(cfg, token_mask=None).model_dump(mode="json")
-    tree["control"].pop("token", None)
-    out: dict[str, Any] = {}
-
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, dict) and node:
-            for key, value in node.items():
-                walk(f"{prefix}.{key}" if prefix else key, value)
-        else:
-            out[prefix] = node if isinstance(node, (int, float, str, bool)) or node is None else json.dumps(node)
-
-    walk("", tree)
     return out
 
 

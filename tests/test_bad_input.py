@@ -35,7 +35,7 @@ class Result(NamedTuple):
 
 def pcl(*args: str, env: dict | None = None) -> Result:
     start = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "services.cli", *args], cwd=REPO, capture_output=True,
+    run = subprocess.run([sys.executable, "-m", "entrypoints.cli", *args], cwd=REPO, capture_output=True,
                          text=True, timeout=120, env={**os.environ, **(env or {})})  # a hang fails the test
     return Result(run.returncode, run.stdout, run.stderr, time.monotonic() - start)
 

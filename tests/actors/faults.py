@@ -29,7 +29,7 @@ class TrainingThread(threading.Thread):
         self.result: object = None
 
     def run(self) -> None:
-        from services.train import run_training
+        from entrypoints.train import run_training
 
         try:
             self.result = run_training(self.cfg, run_dir=str(self.run_dir), resume=self.resume)

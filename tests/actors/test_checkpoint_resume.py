@@ -26,7 +26,7 @@ T = 3
 
 
 def pcl_train(run_dir: Path, *extra: str, **kwargs):
-    args = [sys.executable, "-m", "services.cli", "train", "configs/tiny.yaml", *FAST, f"run.steps={2 * T}",
+    args = [sys.executable, "-m", "entrypoints.cli", "train", "configs/tiny.yaml", *FAST, f"run.steps={2 * T}",
             f"checkpoint.every={T}", "rollout.deterministic=true", "--run-dir", str(run_dir), *extra]
     return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
@@ -114,7 +114,7 @@ def test_resume_on_a_dataset_edited_or_reordered_at_the_same_size_is_refused(tmp
         data.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
     def train(*extra: str) -> subprocess.CompletedProcess:
-        args = [sys.executable, "-m", "services.cli", "train", "configs/tiny.yaml", *FAST, f"data.source={data}",
+        args = [sys.executable, "-m", "entrypoints.cli", "train", "configs/tiny.yaml", *FAST, f"data.source={data}",
                 "run.steps=1", "checkpoint.every=1", "--run-dir", str(run_dir), *extra]
         return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
 

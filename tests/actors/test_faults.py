@@ -29,7 +29,7 @@ def ray_session():
     import ray
 
     from pcl.tiny.build import build_tiny
-    from services.train import start_ray
+    from entrypoints.train import start_ray
 
     build_tiny(seed=0)
     own = start_ray()

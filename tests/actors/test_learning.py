@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.redis]
 
 
 def run(tmp_path, name: str, overrides: list[str]) -> dict:
-    from services.train import run_training
+    from entrypoints.train import run_training
 
     cfg = load_config("configs/tiny.yaml", ["control.enabled=false", *overrides])
     run_dir = tmp_path / name

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.redis]
 
 
 def test_pcl_trains_end_to_end_and_records_every_step(untrained_tiny, tmp_path, capsys):
-    from services.train import run_training
+    from entrypoints.train import run_training
 
     model = str(untrained_tiny)
     cfg = load_config("configs/tiny.yaml", [
@@ -43,7 +43,7 @@ def test_pcl_trains_end_to_end_and_records_every_step(untrained_tiny, tmp_path, 
 
 def test_existing_run_dir_is_not_overwritten(untrained_tiny, tmp_path):
     from pcl.config import ConfigError
-    from services.train import run_training
+    from entrypoints.train import run_training
 
     run = tmp_path / "run"
     run.mkdir()
@@ -56,7 +56,7 @@ def test_existing_run_dir_is_not_overwritten(untrained_tiny, tmp_path):
 
 def test_missing_model_path_is_a_clear_error(tmp_path):
     from pcl.config import ConfigError
-    from services.train import run_training
+    from entrypoints.train import run_training
 
     cfg = load_config("configs/tiny.yaml", [f"model.path={tmp_path / 'nope'}"])
     with pytest.raises(ConfigError, match="no such model directory"):
@@ -68,7 +68,7 @@ def test_the_evaluation_suite_runs_during_training_and_the_best_checkpoint_is_ke
     steps with avg@k; the best suite average is checkpointed and kept beyond checkpoint.keep."""
     from pathlib import Path
 
-    from services.train import run_training
+    from entrypoints.train import run_training
 
     math = Path(__file__).resolve().parents[3] / "shared" / "data" / "math"
     model = str(untrained_tiny)

@@ -34,7 +34,7 @@ OWN_METRICS = {"prefilter": "prefilter_admitted_share", "dynamic_sampling": "dyn
 def ray_session():
     import ray
 
-    from services.train import start_ray
+    from entrypoints.train import start_ray
 
     own = start_ray()
     yield
@@ -44,7 +44,7 @@ def ray_session():
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_strategy_trains_a_few_steps_end_to_end(name, ray_session, tmp_path):
-    from services.train import run_training
+    from entrypoints.train import run_training
 
     cfg = load_config("configs/tiny.yaml", [
         "run.steps=3", f"run.m={M}", f"run.n={N}", "run.eval_every=0", "run.time_budget_s=null",

@@ -28,7 +28,7 @@ def one_value_per_step(stored: dict) -> dict:
 
 
 def test_trackers_hold_one_run_per_backend_through_a_resume(untrained_tiny, tmp_path, monkeypatch, capsys):
-    from services.train import run_training
+    from entrypoints.train import run_training
 
     read.offline_env(monkeypatch)
     project = f"pcl-test-{uuid.uuid4().hex[:8]}"

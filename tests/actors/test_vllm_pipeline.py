@@ -48,7 +48,7 @@ def own_actor_pids(class_name: str) -> list[int]:
 
 @pytest.mark.parametrize("route", ["rpc", "collective"])
 def test_three_steps_on_vllm_stay_on_policy(untrained_tiny, tmp_path, route):
-    from services.train import run_training
+    from entrypoints.train import run_training
 
     model = str(untrained_tiny)
     cfg = load_config("configs/tiny.yaml", [*FAST, *VLLM, f"model.path={model}", f"value.path={model}",
@@ -65,7 +65,7 @@ def test_three_steps_on_vllm_stay_on_policy(untrained_tiny, tmp_path, route):
 def test_tiny_default_on_vllm_learns(tmp_path):
     """The learning bar of the embedded default (docs/results/tiny-demo.md) with vLLM generating."""
     from pcl.tiny.build import build_tiny
-    from services.train import run_training
+    from entrypoints.train import run_training
 
     build_tiny(seed=0)
     cfg = load_config("configs/tiny.yaml", [*VLLM, "control.port=0"])

@@ -52,7 +52,7 @@ def env_for(cluster: LocalCluster) -> dict:
 
 
 def train(cluster: LocalCluster, run_dir: Path, *extra: str) -> subprocess.Popen:
-    args = [sys.executable, "-m", "services.cli", "train", "configs/tiny.yaml", *FAST, *PLACEMENT, *extra,
+    args = [sys.executable, "-m", "entrypoints.cli", "train", "configs/tiny.yaml", *FAST, *PLACEMENT, *extra,
             "--run-dir", str(run_dir)]
     return subprocess.Popen(args, cwd=REPO, env=env_for(cluster), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)

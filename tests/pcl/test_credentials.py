@@ -61,7 +61,7 @@ def test_redis_passwords_are_masked(url, shown):
 
 def test_pcl_config_prints_no_secret():
     url = "redis://user:pw0rd-in-userinfo@h:6379/0?password=pw0rd-in-query"
-    out = subprocess.run([sys.executable, "-m", "services.cli", "config", "configs/tiny.yaml",
+    out = subprocess.run([sys.executable, "-m", "entrypoints.cli", "config", "configs/tiny.yaml",
                           f"control.token={GOOD}", f"redis.url={url}"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -110,7 +110,7 @@ def test_pcl_eval_end_to_end_with_the_tiny_model(tmp_path):
     build_tiny(seed=0)
     out = tmp_path / "eval"
     env = {key: value for key, value in os.environ.items() if key != "PCL_DATA_ROOT"}  # the default data root
-    run = subprocess.run([sys.executable, "-m", "services.cli", "eval", "--model", "tiny", "--suite",
+    run = subprocess.run([sys.executable, "-m", "entrypoints.cli", "eval", "--model", "tiny", "--suite",
                           "math500,aime24,amc23", "--limit", "3", "--k", "2,aime24=4", "--max-new-tokens", "8",
                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -135,7 +135,7 @@ def test_pcl_eval_end_to_end_with_the_tiny_model(tmp_path):
 
 def test_pcl_eval_names_bad_input(tmp_path):
     def fail(*args):
-        run = subprocess.run([sys.executable, "-m", "services.cli", "eval", *args], cwd=REPO, capture_output=True,
+        run = subprocess.run([sys.executable, "-m", "entrypoints.cli", "eval", *args], cwd=REPO, capture_output=True,
                              text=True, timeout=120)
         assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
         return run.stderr

@@ -91,9 +91,9 @@ def ckpt_sha(model_dir):
 
 
 def test_pcl_export_command(run_dir, tmp_path):
-    run = subprocess.run([sys.executable, "-m", "services.cli", "export", str(run_dir), "--out", str(tmp_path / "x")],
+    run = subprocess.run([sys.executable, "-m", "entrypoints.cli", "export", str(run_dir), "--out", str(tmp_path / "x")],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and "exported the policy of step 2" in run.stdout, run.stderr
-    bad = subprocess.run([sys.executable, "-m", "services.cli", "export", str(tmp_path), "--out", str(tmp_path / "y")],
+    bad = subprocess.run([sys.executable, "-m", "entrypoints.cli", "export", str(tmp_path), "--out", str(tmp_path / "y")],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and "not a Hugging Face model directory" in bad.stderr

@@ -81,14 +81,14 @@ def test_layering_keeps_a_same_strategy_section_and_cli_takes_several_files(tmp_
     extra.write_text("selection:\n  type: pcl\n  tau: 0.3\n")
     cfg = load_config([REPO / "configs" / "presets" / "qwen3-4b-base-math.yaml", extra], ["run.steps=7"])
     assert (cfg.selection.tau, cfg.selection.k, cfg.run.steps) == (0.3, 4, 7)
-    run = subprocess.run([sys.executable, "-m", "services.cli", "config", "configs/presets/qwen3-8b-base-math.yaml",
+    run = subprocess.run([sys.executable, "-m", "entrypoints.cli", "config", "configs/presets/qwen3-8b-base-math.yaml",
                           "configs/baselines/speed.yaml", "run.steps=9"], cwd=REPO, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert "type: speed" in run.stdout and "steps: 9" in run.stdout and "Qwen/Qwen3-8B-Base" in run.stdout
 
 
 def test_pcl_train_takes_a_preset_and_a_baseline():
-    from services.cli import _config_files, build_parser
+    from entrypoints.cli import _config_files, build_parser
 
     args = build_parser().parse_args(["train", "configs/presets/qwen3-4b-base-math.yaml",
                                       "configs/baselines/greso.yaml", "run.steps=5"])

@@ -164,7 +164,7 @@ def test_dashboard_page_is_self_contained(api):
 
 def test_pcl_status_prints_a_table(api, running):
     out = subprocess.run(
-        [sys.executable, "-m", "services.cli", "status", "--url", str(api.base_url)],
+        [sys.executable, "-m", "entrypoints.cli", "status", "--url", str(api.base_url)],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -173,7 +173,7 @@ def test_pcl_status_prints_a_table(api, running):
     assert out.returncode == 0, out.stderr
     assert re.search(r"^step\s+2 / 10$", out.stdout, re.M) and "queue rollout_requests" in out.stdout
     down = subprocess.run(
-        [sys.executable, "-m", "services.cli", "status", "--url", "http://127.0.0.1:1"],
+        [sys.executable, "-m", "entrypoints.cli", "status", "--url", "http://127.0.0.1:1"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -188,7 +188,7 @@ def test_pcl_control_serves_a_run_from_its_own_process(redis_url, running, store
         [
             sys.executable,
             "-m",
-            "services.cli",
+            "entrypoints.cli",
             "control",
             "--redis-url",
             redis_url,

@@ -117,7 +117,7 @@ def live(untrained_tiny, tmp_path_factory):
             [
                 sys.executable,
                 "-m",
-                "services.cli",
+                "entrypoints.cli",
                 "train",
                 "configs/tiny.yaml",
                 "--run-dir",

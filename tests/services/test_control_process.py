@@ -30,7 +30,7 @@ class ControlProcess:
 
     def __init__(self, redis_url: str, run: str):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.cli", "control", "--redis-url", redis_url, "--run", run,
+            [sys.executable, "-m", "entrypoints.cli", "control", "--redis-url", redis_url, "--run", run,
              "control.port=0"],
             cwd=REPO, env={"PCL_API_TOKEN": TOKEN, "PATH": "/usr/bin:/bin"}, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

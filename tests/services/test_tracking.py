@@ -68,7 +68,7 @@ def test_the_config_sent_to_trackers_holds_no_secret():
 def test_a_named_tracker_that_is_not_installed_stops_the_run_before_anything_starts(monkeypatch, tmp_path):
     import ray
 
-    from services.train import run_training
+    from entrypoints.train import run_training
 
     monkeypatch.setitem(tracking.LIBRARIES, "wandb", ("pcl_test_no_such_module", "wandb"))
     cfg = load_config(TINY, ["logging.backends=[console,wandb,tensorboard]"])
@@ -210,7 +210,7 @@ def test_each_library_is_imported_only_when_named(tmp_path):
 
     code = f"""
 import sys
-import services.train, services.tracking, services.cli
+import entrypoints.train, services.tracking, entrypoints.cli
 from pcl.config import load_config
 from services.tracking import Trackers
 libraries = ("tensorboard", "wandb", "mlflow", "trackio")

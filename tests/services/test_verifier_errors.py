@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 from pcl.config import load_config
 from pcl.data import PromptRecord
 from pcl.reward_pool import RewardPool, math_score
-from services.fleet import RolloutClient
+from services.rollout_client import RolloutClient
 from services.metrics import metrics_registry
 from services.queues import WorkQueue, stream_key
 from services.run_control import RunControl

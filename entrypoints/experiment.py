@@ -83,7 +83,7 @@ def run_config(exp: ExperimentConfig, arm: str, seed: int):
 
 def run_experiment(path: str | Path) -> int:
     """Run every arm with every seed (skipping finished runs), then write the report."""
-    from services.train import run_training, start_ray
+    from entrypoints.train import run_training, start_ray
 
     exp = load_experiment(path)
     configs = {(arm, seed): run_config(exp, arm, seed) for seed in exp.seeds for arm in exp.strategies}  # fail early
@@ -115,7 +115,7 @@ def run_experiment(path: str | Path) -> int:
             import ray
 
             ray.shutdown()
-    from services.experiment_report import write_report
+    from entrypoints.experiment_report import write_report
 
     write_report(exp)
     print(f"pcl experiment: done in {time.perf_counter() - started:.0f}s; report {exp.output_path}"
@@ -126,7 +126,7 @@ def run_experiment(path: str | Path) -> int:
 def reference_cache(exp: ExperimentConfig, cfg, seed: int) -> Path:
     """The seed's reference pass-rate cache (computed once, kept in the runs directory)."""
     from pcl.strategies.reference import REFERENCE_FILE, load_reference, save_reference
-    from services.train import resolve_model_path
+    from entrypoints.train import resolve_model_path
 
     path = exp.runs_path / f"{REFERENCE_FILE}@seed{seed}"
     prompts = training_prompts(cfg)
@@ -145,7 +145,7 @@ def training_prompts(cfg) -> list:
     from transformers import AutoTokenizer
 
     from pcl.data import load_prompts
-    from services.train import resolve_model_path
+    from entrypoints.train import resolve_model_path
 
     policy = resolve_model_path(cfg.model.path, "model.path")
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or policy)

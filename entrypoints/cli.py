@@ -36,7 +36,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         # `--resume key=value`: the optional DIR took an override; it means `--resume` and that override
         args.overrides, args.resume = [args.resume, *args.overrides], ""
     cfg = load_config(*_config_files(args))
-    from services.train import run_training
+    from entrypoints.train import run_training
 
     return run_training(cfg, run_dir=args.run_dir, resume=args.resume)
 
@@ -61,7 +61,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     engine_name = ev.pick_engine(args.engine)
     if engine_name == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError("--engine vllm: vLLM is not installed (pip install 'pcl-service[gpu]'); use --engine hf")
-    from services.train import resolve_model_path
+    from entrypoints.train import resolve_model_path
 
     model = resolve_model_path(args.model, "--model")
     from transformers import AutoConfig, AutoTokenizer
@@ -146,14 +146,14 @@ def _cmd_summary(args: argparse.Namespace) -> int:
         print(f"pcl: {exc}", file=sys.stderr)
         return 2
     if args.plot is not None:
-        from services.run_plot import plot_runs
+        from entrypoints.run_plot import plot_runs
 
         print(f"pcl: wrote {plot_runs(args.run_dirs, args.plot or None)}")
     return 0
 
 
 def _cmd_plot(args: argparse.Namespace) -> int:
-    from services.run_plot import plot_runs
+    from entrypoints.run_plot import plot_runs
 
     try:
         print(f"pcl: wrote {plot_runs(args.run_dirs, args.out, labels=args.labels)}")
@@ -199,16 +199,16 @@ def _cmd_probe_batch(args: argparse.Namespace) -> int:
         sizes = [int(b) for b in args.sizes.split(",")] if args.sizes else None
     except ValueError:
         raise ConfigError(f"--sizes {args.sizes!r}: expected comma-separated integers, e.g. 64,128,256") from None
-    from services.probe_batch import probe_batch
+    from entrypoints.probe_batch import probe_batch
 
     return probe_batch(cfg, sizes, args.repeats)
 
 
 def _cmd_experiment(args: argparse.Namespace) -> int:
-    from services.experiment import load_experiment, run_experiment
+    from entrypoints.experiment import load_experiment, run_experiment
 
     if args.report_only:
-        from services.experiment_report import write_report
+        from entrypoints.experiment_report import write_report
 
         print(f"pcl: report written to {write_report(load_experiment(args.config))}")
         return 0

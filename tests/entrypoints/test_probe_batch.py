@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from services.cli import main
+from entrypoints.cli import main
 
 pytestmark = [pytest.mark.ray, pytest.mark.redis]
 

@@ -273,7 +273,8 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     from pcl import checkpoint as ckpt
     from pcl.runlog import SELECTIONS_FILE, MetricsLog
     from services.control_plane import DriverControl
-    from services.fleet import purge_streams, start_fleet
+    from entrypoints.fleet import start_fleet
+    from services.rollout_client import purge_streams
     from services.redis_server import EmbeddedRedisKeeper, open_redis
 
     print(f"pcl: run dir {prep.run_dir}  policy {prep.policy_path}  strategy {cfg.selection.type}  "

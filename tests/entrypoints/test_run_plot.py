@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pcl.runlog import summary_report
-from services.cli import main
-from services.run_plot import PANELS, plot_runs
+from entrypoints.cli import main
+from entrypoints.run_plot import PANELS, plot_runs
 
 
 def write_run(run_dir: Path, ratio: float, with_value: bool) -> Path:

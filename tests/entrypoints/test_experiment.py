@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from pcl.config import ConfigError
-from services.experiment import load_experiment
-from services.experiment_report import arm_figures, run_figures
+from entrypoints.experiment import load_experiment
+from entrypoints.experiment_report import arm_figures, run_figures
 
 
 def records(accuracies: list[tuple[float, float]], ratios: list[float]) -> list[dict]:
@@ -57,7 +57,7 @@ def test_an_arm_without_a_strategy_is_an_error(tmp_path):
 @pytest.mark.redis
 @pytest.mark.slow
 def test_two_arms_run_and_the_report_has_its_table_and_plots(tmp_path, capsys):
-    from services.cli import main
+    from entrypoints.cli import main
 
     exp = {
         "name": "mini", "base": "configs/tiny.yaml", "budget_s": 300, "seeds": [0], "target_accuracy": 0.3,

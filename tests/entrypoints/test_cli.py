@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PCL = [sys.executable, "-m", "services.cli"]
+PCL = [sys.executable, "-m", "entrypoints.cli"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

@@ -51,9 +51,9 @@ def measure(cfg: Config, sizes: list[int], repeats: int, log: Callable[[str], No
     import ray
 
     from pcl.progress import Progress
-    from services.fleet import RolloutClient
+    from services.rollout_client import RolloutClient
     from services.redis_server import open_redis
-    from services.train import prepare, start_ray
+    from entrypoints.train import prepare, start_ray
 
     n = cfg.run.n
     with tempfile.TemporaryDirectory(prefix="pcl-probe-") as tmp:

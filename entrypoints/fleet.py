@@ -1,0 +1,88 @@
+"""Placing the actors of a run:
+
+    fleet = start_fleet(cfg, prepared, redis_url)       # sampler, scorer, learner ranks, workers, coordinator
+    ...
+    fleet.stop()
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import ray
+
+from pcl.config import Config
+from services.rollout_client import publish_answers
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Fleet:
+    """Handles on every actor of a run."""
+
+    coordinator: object
+    handles: dict = field(default_factory=dict)
+
+    def stop(self) -> None:
+        """Stop serving loops politely, then remove every actor."""
+        workers = self.handles.get("rollout_workers", []) + self.handles.get("verifiers", [])
+        try:
+            ray.get([w.shutdown.remote() for w in workers], timeout=20)
+        except Exception as exc:  # noqa: BLE001 - best effort; the actors are killed next
+            log.warning("stopping workers: %s", exc)
+        for h in workers + [self.handles.get("sampler"), self.handles.get("scorer"), self.coordinator]:
+            if h is not None:
+                ray.kill(h, no_restart=True)
+        if self.handles.get("learners") is not None:
+            self.handles["learners"].kill()
+
+
+def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
+    """Start every actor for a run and wait until each answers."""
+    from actors.coordinator import Coordinator
+    from actors.learner import LearnerGroup
+    from actors.rollout import RolloutWorker
+    from actors.sampler import PromptSamplerActor
+    from actors.scorer import ValueScorerActor
+    from actors.verifier import RewardVerifier
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from pcl.strategies import make_strategy
+
+    seed, run = cfg.run.seed, cfg.run.name
+    gpu = cfg.rollout.num_gpus_per_worker > 0
+    queue = dict(visibility_timeout_s=cfg.redis.visibility_timeout_s, max_deliveries=cfg.redis.max_deliveries)
+    h: dict = {"redis_url": redis_url, "policy_path": prep.policy_path, "value_path": prep.value_path}
+    # The coordinator and the sampler live on the driver's node: they write the run directory beside the driver,
+    # and losing them is losing the run's driver node anyway (the rest is placed by the resources it asks for).
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    h["sampler"] = PromptSamplerActor.options(scheduling_strategy=here).remote(prep.train_prompts, seed)
+    h["scorer"] = None
+    if make_strategy(cfg.selection, cfg.run.m, seed, n=cfg.run.n).needs_values:
+        h["scorer"] = ValueScorerActor.options(num_gpus=cfg.learner.num_gpus_per_rank,
+                                               resources=cfg.value.resources or None).remote(
+            prep.value_path, cfg.value.lr, cfg.value.grad_clip, cfg.value.batch_size,
+            "cuda" if cfg.learner.num_gpus_per_rank > 0 else "cpu", "float32", seed,
+            checkpoints=str(prep.run_dir / "checkpoints"))
+    publish_answers(redis_url, run, prep.answers)
+    h["verifiers"] = [RewardVerifier.options(resources=cfg.verifier.resources or None).remote(
+        redis_url, run, None, i, cfg.verifier.processes, cfg.verifier.timeout_s,
+        max_tasks_per_worker=cfg.verifier.max_tasks_per_worker, **queue)
+        for i in range(cfg.verifier.num_workers)]
+    h["rollout_workers"] = [
+        RolloutWorker.options(num_gpus=cfg.rollout.num_gpus_per_worker, resources=cfg.rollout.resources or None).remote(
+            cfg.rollout.model_dump(), redis_url, run, prep.policy_path, i, seed, cfg.model.dtype,
+            "cuda" if gpu else "cpu", threads=cfg.rollout.threads, **queue)
+        for i in range(cfg.rollout.num_workers)]
+    h["learners"] = LearnerGroup.create(
+        prep.policy_path, cfg.learner.num_ranks, cfg.learner.backend, cfg.optimizer.model_dump(),
+        cfg.learner.micro_batch_size, "cuda" if cfg.learner.num_gpus_per_rank > 0 else "cpu", cfg.model.dtype, seed,
+        num_gpus_per_rank=cfg.learner.num_gpus_per_rank, timeout_s=cfg.learner.timeout_s,
+        resources=cfg.learner.resources, reshard_after_forward=cfg.learner.reshard_after_forward)
+    pings = [a.ping.remote() for a in [h["sampler"], *h["verifiers"], *h["rollout_workers"]] + [h["scorer"]] if a]
+    ray.get(pings, timeout=cfg.learner.timeout_s)
+    coordinator = Coordinator.options(scheduling_strategy=here).remote(cfg.model_dump(), str(prep.run_dir), h,
+                                                                      prep.eval_prompts, prep.suite)
+    return Fleet(coordinator, h)
