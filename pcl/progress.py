@@ -7,7 +7,8 @@ terminal, plain lines elsewhere (logs, CI), where a bar's carriage returns would
             bar.update(len(chunk))
 
 A process that cannot show it itself (the coordinator actor) reports through a small file the driver reads:
-`write_progress(run_dir, task, done, total, started)` / `read_progress(run_dir)`, shown by `TaskProgress`.
+`write_progress(run_dir, task, done, total, started)` / `read_progress(run_dir)`, shown by `TaskProgress`
+(`reporter(run_dir, task)` makes a generation call's `on_progress` that writes it).
 """
 
 from __future__ import annotations
@@ -80,6 +81,21 @@ def write_progress(run_dir: str | os.PathLike, task: str, done: int, total: int,
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"task": task, "done": done, "total": total, "started": started, "unit": unit}))
     os.replace(tmp, path)
+
+
+def reporter(run_dir: str | os.PathLike, task: str, offset: int = 0, total: int | None = None,
+             started: float | None = None):
+    """A generation call's `on_progress(done, expected)`: the task's samples so far (after `offset` of `total`)
+    recorded with `write_progress`, at most twice a second and at the end."""
+    last, started = [0.0], started or time.time()
+
+    def report(done: int, expected: int) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.5 or done == expected:
+            last[0] = now
+            write_progress(run_dir, task, offset + done, total or expected, started)
+
+    return report
 
 
 def read_progress(run_dir: str | os.PathLike) -> dict | None:

@@ -1,0 +1,184 @@
+"""The step loop's ports (`pcl.loop.ports`) on the Ray fleet and the Redis streams.
+
+    prompts  = SamplerPrompts(fleet["sampler"], timeout_s)            # the PromptSamplerActor
+    scorer   = ActorScorer(fleet["scorer"], timeout_s)                # the ValueScorerActor (V)
+    learner  = FleetLearner(cfg, fleet["learners"], fleet["rollout_workers"], policy_path)
+    rollouts = StreamRollouts(RolloutClient(cfg, redis_url), learner, timeout_s)
+
+`FleetLearner` also repairs the fleet: while a generation call waits for its samples, `StreamRollouts` has it
+give the current weights to any rollout worker that Ray restarted (it serves nothing until then).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Sequence
+
+import ray
+
+from actors.runtime import gather
+from pcl import checkpoint as ckpt
+from pcl.config import Config
+
+log = logging.getLogger(__name__)
+
+
+class RefPending:
+    """A remote call's result, fetched with the run's deadline (learner.timeout_s): it never waits forever."""
+
+    def __init__(self, ref, timeout_s: float):
+        self.ref, self.timeout_s = ref, timeout_s
+
+    def result(self) -> Any:
+        return ray.get(self.ref, timeout=self.timeout_s)
+
+
+class SamplerPrompts:
+    def __init__(self, sampler, timeout_s: float):
+        self.sampler, self.timeout_s = sampler, timeout_s
+
+    def _get(self, ref) -> Any:
+        return ray.get(ref, timeout=self.timeout_s)
+
+    def sample(self, count: int) -> list:
+        return self._get(self.sampler.sample.remote(count))
+
+    def records(self) -> list:
+        return self._get(self.sampler.records.remote())
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._get(self.sampler.state_dict.remote())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._get(self.sampler.load_state_dict.remote(state))
+
+
+class ActorScorer:
+    def __init__(self, scorer, timeout_s: float):
+        self.scorer, self.timeout_s = scorer, timeout_s
+
+    def score(self, prompt_token_ids: Sequence[Sequence[int]]) -> RefPending:
+        return RefPending(self.scorer.score.remote(list(prompt_token_ids)), self.timeout_s)
+
+    def train(self, prompt_token_ids: Sequence[Sequence[int]], pass_rates: Sequence[float]) -> RefPending:
+        return RefPending(self.scorer.train.remote(list(prompt_token_ids), list(pass_rates)), self.timeout_s)
+
+    def save(self, directory: str) -> None:
+        RefPending(self.scorer.save_checkpoint.remote(directory), self.timeout_s).result()
+
+    def load(self, directory: str) -> None:
+        RefPending(self.scorer.load_checkpoint.remote(directory), self.timeout_s).result()
+
+
+class FleetLearner:
+    """The learner group, and the weights every rollout worker serves (by rpc through the object store, or
+    the collective broadcast of `rollout.weight_sync: collective`)."""
+
+    def __init__(self, cfg: Config, learners, workers: list, policy_path: str | None):
+        self.cfg, self.learners, self.workers, self.policy_path = cfg, learners, workers, policy_path
+        self.timeout_s = cfg.learner.timeout_s
+        self.broadcast = _weight_broadcast(cfg, learners, workers)  # None: the rpc route
+        self.weights_ref = None  # the weights of policy_version in the object store (None: the initial ones)
+        self.policy_version = 0
+        self.worker_reloads = 0  # weights given to rollout workers Ray restarted
+
+    def train(self, sequences: Sequence[dict], global_count: int) -> dict[str, float]:
+        return self.learners.train(sequences, global_count=global_count)
+
+    def sync_weights(self, version: int) -> None:
+        """Push the learner's new weights to every rollout worker; from here on they serve `version`. A worker
+        that dies meanwhile is restarted by Ray and the load retried on it."""
+        if self.broadcast is not None:  # collective (the object store ref is made on demand)
+            self.broadcast.sync(version)
+            self.weights_ref, self.policy_version = None, version
+            return
+        ref = self.learners.state_ref()
+        gather([w.load_weights.remote(ref, version) for w in self.workers], self.timeout_s, "weight sync")
+        self.weights_ref, self.policy_version = ref, version
+
+    def check_fleet(self) -> None:
+        """Give the current weights to rollout workers that lack them: one that Ray restarted after its process
+        died holds the initial weights and serves nothing until then (at version 0, when those are current, it
+        is only told to serve)."""
+        refs = [w.policy_version.remote() for w in self.workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)
+        for worker, ref in zip(self.workers, refs):
+            if ref not in ready:
+                continue  # restarting (its model is loading): seen at the next check
+            try:
+                version = ray.get(ref)
+            except ray.exceptions.RayError:
+                continue
+            if version != self.policy_version and self.weights_ref is None and self.policy_version == 0:
+                ray.get(worker.serve.remote(), timeout=self.timeout_s)  # version 0: its initial weights are current
+            elif version != self.policy_version:
+                log.warning("rollout worker holds policy version %s, not %s (restarted?): reloading its weights",
+                            version, self.policy_version)
+                if self.weights_ref is None:  # collective route: this worker takes them by rpc, and the
+                    self.weights_ref = self.learners.state_ref()  # group re-forms with it at the next sync
+                    self.broadcast.invalidate()
+                ray.get(worker.load_weights.remote(self.weights_ref, self.policy_version), timeout=self.timeout_s)
+                self.worker_reloads += 1
+
+    def save(self, directory: str) -> None:
+        """The learner group's files, and the tokenizer beside the policy in Hugging Face format."""
+        self.learners.save_checkpoint(directory)
+        if self.policy_path:
+            from transformers import AutoTokenizer  # noqa: PLC0415 - heavy, and only for checkpoints
+
+            tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.tokenizer or self.policy_path)
+            tokenizer.save_pretrained(Path(directory) / "policy")
+
+    def load(self, directory: str) -> None:
+        self.learners.load_checkpoint(directory)
+
+
+class StreamRollouts:
+    """Generation through the request, result and reward streams (`services.rollout_client`), checking the
+    fleet's weights while it waits."""
+
+    def __init__(self, client, fleet: FleetLearner, timeout_s: float):
+        self.client, self.fleet, self.timeout_s = client, fleet, timeout_s
+
+    def generate_rollouts(self, step: int, policy_version: int, rollouts: Sequence[tuple], temperature=None,
+                          tag: str = "", sampling: dict | None = None, on_progress=None) -> list:
+        return self.client.generate_rollouts(step, policy_version, list(rollouts), temperature, tag=tag,
+                                             on_wait=self.fleet.check_fleet, sampling=sampling,
+                                             on_progress=on_progress)
+
+    def counters(self) -> dict[str, int]:
+        return {"worker_reloads": self.fleet.worker_reloads, **self.client.counters()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "worker_reloads": self.fleet.worker_reloads,
+            "rollout_counters": {"dropped": dict(self.client.dropped), "totals": dict(self.client.totals)},
+            "engines": gather([w.rng_state.remote() for w in self.fleet.workers], self.timeout_s,
+                              "rollout engine state"),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.fleet.worker_reloads = int(state.get("worker_reloads", 0))
+        self.client.dropped.update(state["rollout_counters"]["dropped"])
+        self.client.totals.update(state["rollout_counters"]["totals"])
+        workers = self.fleet.workers
+        if len(state["engines"]) == len(workers):
+            gather([w.load_rng_state.remote(e) for w, e in zip(workers, state["engines"])], self.timeout_s,
+                   "rollout engine state")
+
+
+def _weight_broadcast(cfg: Config, learners, workers):
+    """The collective weight sync of `rollout.weight_sync: collective` (NCCL with GPUs, else gloo), or None."""
+    if cfg.rollout.weight_sync != "collective":
+        return None
+    from actors.weight_broadcast import WeightBroadcast  # noqa: PLC0415
+
+    gpus = cfg.learner.num_gpus_per_rank > 0 and cfg.rollout.num_gpus_per_worker > 0
+    return WeightBroadcast(learners, workers, cfg.rollout, "nccl" if gpus else "gloo", cfg.learner.timeout_s)
+
+
+def state_bytes_estimate(fleet: dict) -> int:
+    """The first checkpoint's size, before there is one to measure: the policy's and V's model files."""
+    models = (fleet.get("policy_path"), fleet.get("value_path") if fleet.get("scorer") is not None else None)
+    return ckpt.state_bytes_estimate([p for p in models if p])

@@ -1,0 +1,74 @@
+"""Evaluation during training, through the `Rollouts` port: held-out accuracy and the paper's benchmark suite.
+
+    evaluation = Evaluation(cfg, rollouts, run_dir, held_out_prompts, suite)
+    record.update(evaluation.after_step(step, policy_version))   # eval_accuracy, suite_<name>, suite_average
+
+Held-out accuracy is the mean verified reward of `run.eval_samples` samples per held-out prompt, every
+`run.eval_every` steps (and at step 0 and the last step). The suite is avg@k of each benchmark with the same k
+and decoding as `pcl eval`, every `evaluation.every` steps and at the last step. Their time is not training
+time: the run excludes it from `train_elapsed_seconds`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from pcl.config import Config
+from pcl.data import PromptRecord
+from pcl.evaluation import avg_at_k, parse_k
+from pcl.loop.ports import Rollouts
+from pcl.progress import reporter
+
+
+class Evaluation:
+    def __init__(self, cfg: Config, rollouts: Rollouts, run_dir: str, held_out: list[PromptRecord],
+                 suite: dict[str, list[PromptRecord]] | None = None):
+        self.cfg, self.rollouts, self.run_dir = cfg, rollouts, run_dir
+        self.held_out_prompts = held_out
+        self.suite = suite or {}
+
+    def held_out_due(self, step: int) -> bool:
+        """Whether held-out accuracy is measured after `step` steps (1-based; 0 is before the first)."""
+        every = self.cfg.run.eval_every
+        if step == 0:
+            return bool(every)
+        return bool(every and step % every == 0) or step == self.cfg.run.steps
+
+    def suite_due(self, step: int) -> bool:
+        return bool(self.suite) and (step % self.cfg.evaluation.every == 0 or step == self.cfg.run.steps)
+
+    def after_step(self, step: int, policy_version: int) -> dict[str, float]:
+        """The evaluations due after `step` steps, as record keys (none when none is due)."""
+        out = {}
+        if self.held_out_due(step):
+            out["eval_accuracy"] = self.held_out(step, policy_version)
+        if step and self.suite_due(step):
+            out.update(self.run_suite(step, policy_version))
+        return out
+
+    def held_out(self, step: int, policy_version: int) -> float:
+        """Held-out accuracy: mean verified reward of `run.eval_samples` samples per held-out prompt."""
+        if not self.held_out_prompts:
+            return float("nan")
+        n = self.cfg.run.eval_samples
+        samples = self.rollouts.generate_rollouts(step, policy_version, [(p, n, 0) for p in self.held_out_prompts],
+                                                  temperature=self.cfg.run.eval_temperature, tag="eval",
+                                                  on_progress=reporter(self.run_dir, "held-out evaluation"))
+        return float(np.mean([s.reward for s in samples]))
+
+    def run_suite(self, step: int, policy_version: int) -> dict[str, float]:
+        """avg@k of each benchmark as `suite_<name>`, and their mean as `suite_average`."""
+        ev = self.cfg.evaluation
+        ks = parse_k(dict(ev.k), list(self.suite))
+        sampling = {"top_p": ev.top_p, "top_k": ev.top_k, "max_new_tokens": ev.max_new_tokens}
+        out = {}
+        for name, prompts in self.suite.items():
+            samples = self.rollouts.generate_rollouts(step, policy_version, [(p, ks[name], 0) for p in prompts],
+                                                      temperature=ev.temperature, tag="suite", sampling=sampling,
+                                                      on_progress=reporter(self.run_dir, f"evaluation {name}"))
+            rewards: dict[str, list[float]] = {}
+            for sample in samples:
+                rewards.setdefault(sample.prompt_id, []).append(sample.reward)
+            out[f"suite_{name}"] = avg_at_k(list(rewards.values()))
+        out["suite_average"] = float(np.mean(list(out.values())))
+        return out

@@ -1,0 +1,68 @@
+"""One step of each selection strategy through the loop's ports, on in-memory fakes (no Ray, no Redis)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tests.pcl.loop.fakes import SECONDS_PER_SAMPLE, FakeFleet, closest_to, config
+
+M, N = 4, 4
+STRATEGIES = {
+    "uniform": {"type": "uniform"},
+    "pcl": {"type": "pcl", "tau": 0.5, "k": 2},
+    "prefilter": {"type": "prefilter", "n_pre": 4, "p_low": 0.0, "p_high": 1.0},
+    "dynamic_sampling": {"type": "dynamic_sampling", "k": 2, "max_rounds": 8},
+    "speed": {"type": "speed", "k": 2, "n_init": 2, "max_rounds": 4},
+    "greso": {"type": "greso", "k": 2, "max_rounds": 8},
+}
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_one_step_of_each_strategy_trains_on_m_groups_of_n(tmp_path, name):
+    fleet = FakeFleet(tmp_path, config(STRATEGIES[name]))
+    record = fleet.loop.train_step(0)
+
+    assert record["step"] == 1 and record["policy_version"] == 1 and fleet.learner.synced == [1]
+    assert record["batch_samples"] == record["batch_unique_samples"] == M * N  # each (prompt, index) once
+    assert fleet.learner.trained == [(record["train_sequences"], M * N)]  # the loss divides by m*n
+    assert 0.0 <= record["effective_ratio"] <= 1.0 and len(fleet.loop.last_ids) == M
+    assert record["step_seconds"] >= record["generation_seconds"] > 0
+    batch = [c for c in fleet.rollouts.calls if c["tag"] == ""]
+    assert record["generation_rounds"] == len(batch)
+    assert record["samples_generated"] + record["probe_samples"] == sum(c["samples"] for c in batch)
+    if name == "pcl":  # V scored k*m candidates, trained on the m selected pass rates; the probe measured it
+        assert fleet.scorer.trained and len(fleet.scorer.trained[0]) == M and record["value_steps"] == 1.0
+        assert len(fleet.prompts.drawn[0]) == 2 * M  # k*m candidates
+        assert closest_to(0.5, fleet.loop.last_ids, fleet.prompts.drawn[0], fleet.rates)
+        assert record["probe_samples"] > 0 and math.isfinite(record["value_explained_variance"])
+    else:
+        assert not fleet.scorer.trained and record["probe_samples"] == 0 and record["probe_seconds"] == 0.0
+    if name == "prefilter":  # the reference pass first (n_pre each), then prompts strictly inside (0, 1)
+        reference = [c for c in fleet.rollouts.calls if c["tag"] == "reference"]
+        assert reference and sum(c["samples"] for c in reference) == 4 * len(fleet.records)
+        assert all(0.0 < fleet.rates[i] < 1.0 for i in fleet.loop.last_ids)
+        assert "reference_seconds" in record and (tmp_path / "reference_pass_rates.json").is_file()
+    if name in ("dynamic_sampling", "greso"):  # only informative groups kept
+        assert record["effective_ratio"] > 0 and all(0.0 < fleet.rates[i] < 1.0 for i in fleet.loop.last_ids)
+    if name == "speed":  # screening of k*m with n_init, continuation of the accepted
+        assert record["generation_rounds"] >= 2 and record["samples_generated"] >= 2 * M * 2 + M * (N - 2)
+
+
+def test_the_probe_is_timed_apart_from_generation(tmp_path):
+    """V's explained-variance probe rides in the batch's generation call; its share of the call's seconds (by
+    sample count) is probe_seconds, so generation_seconds is the strategy's own generation."""
+    fleet = FakeFleet(tmp_path, config(STRATEGIES["pcl"]))
+    record = fleet.loop.train_step(0)
+    assert fleet.rollouts.calls[0]["samples"] == record["samples_generated"] + record["probe_samples"]
+    assert record["samples_generated"] == M * N and record["probe_samples"] % N == 0 and record["probe_samples"]
+    assert record["generation_seconds"] == pytest.approx(M * N * SECONDS_PER_SAMPLE)
+    assert record["probe_seconds"] == pytest.approx(record["probe_samples"] * SECONDS_PER_SAMPLE)
+
+
+def test_pipelined_selection_scores_the_next_steps_candidates_during_this_step(tmp_path):
+    fleet = FakeFleet(tmp_path, config({**STRATEGIES["pcl"], "pipelined": True}))
+    first, second = fleet.loop.train_step(0), fleet.loop.train_step(1)
+    assert first["prefetch_hits"] == 0 and second["prefetch_hits"] == 1
+    assert fleet.loop.state.prefetched is not None  # step 3's pool, drawn during step 2
