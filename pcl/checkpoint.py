@@ -18,7 +18,7 @@ most a `.tmp-*` directory that the next `begin` or `prune` removes. The layout i
     learner.pt         full (unsharded) float32 policy weights, AdamW state and step count of the learner group
     learner-rng-<r>.pt torch RNG state of learner rank r
     value/             the value model (backbone in Hugging Face format) and `trainer.pt` (weights, optimizer, RNG)
-    state.json         the coordinator: step, policy version, its RNG, sampler cursor, strategy state, ...
+    state.json         the training loop (`pcl.loop`): step, policy version, its RNG, sampler cursor, strategy, ...
     control.json       the control state at the checkpoint: tau, k, pause, the event log
     metrics.jsonl      the metrics history up to this step; selections.jsonl the prompts chosen at each step
     config.yaml        the run's configuration

@@ -56,6 +56,7 @@ HISTORY_KEYS = (
     "tau",
     "k",
     "elapsed_seconds",
+    "train_elapsed_seconds",
 )
 FINAL_STATES = ("finished", "failed")
 

@@ -10,7 +10,7 @@ import yaml
 
 from pcl.config import ConfigError
 from entrypoints.experiment import load_experiment
-from entrypoints.experiment_report import arm_figures, run_figures
+from entrypoints.experiment_report import arm_figures, run_figures, training_seconds
 
 
 def records(accuracies: list[tuple[float, float]], ratios: list[float]) -> list[dict]:
@@ -36,6 +36,16 @@ def test_run_and_arm_figures():
     both = arm_figures([a, b])
     assert both["reached"] == "1/2" and both["time_to_target"] == 20.0  # over the seeds that reached it
     assert both["accuracy_best"] == pytest.approx(0.48) and both["steps"] == 2
+
+
+def test_time_to_target_is_training_time_when_the_records_have_it():
+    """train_elapsed_seconds leaves evaluations and checkpoint writes out; older records have only the wall clock."""
+    timed = records([(0, 0.40), (10, 0.45), (20, 0.52)], [0.5, 0.7])
+    for r in timed[1:]:
+        r["train_elapsed_seconds"] = r["elapsed_seconds"] - 3.0 * r["step"]  # 3 s of evaluation a step
+    assert run_figures(timed, target=0.5)["time_to_target"] == 14.0  # wall clock 20.0
+    assert run_figures(records([(0, 0.40), (10, 0.52)], [0.5]), target=0.5)["time_to_target"] == 10.0
+    assert training_seconds({"step": 0, "eval_accuracy": 0.4}) == 0.0
 
 
 def test_an_arm_without_a_strategy_is_an_error(tmp_path):
