@@ -102,7 +102,7 @@ def format_step_line(r: dict, total_steps: int) -> str:
 def summarize(records: list[dict]) -> dict:
     """A run's headline figures from its metrics records: held-out accuracy at step 0, at the end and at
     best; mean effective ratio; V's explained variance (mean over the second half of training, where V has
-    had time to learn); mean step and generation seconds."""
+    had time to learn); mean step and generation seconds; the run's wall-clock and training seconds."""
     import statistics
 
     evals = [(r["step"], r["eval_accuracy"]) for r in records if r.get("eval_accuracy") is not None]
@@ -126,6 +126,7 @@ def summarize(records: list[dict]) -> dict:
         "train_seconds_mean": mean(steps, "train_seconds"),
         "weight_sync_seconds_mean": mean(steps, "weight_sync_seconds"),
         "elapsed_seconds": steps[-1].get("elapsed_seconds") if steps else None,
+        "train_elapsed_seconds": steps[-1].get("train_elapsed_seconds") if steps else None,
     }
     if evals:
         out["eval_gain_points"] = 100 * (out["eval_accuracy_final"] - out["eval_accuracy_start"])

@@ -135,7 +135,8 @@ class Control(Protocol):
 
     def at_step_boundary(self, step: int, strategy: Any, on_checkpoint: Callable[[], None] | None = None) -> float:
         """Before step `step` (0-based): apply tau / k to the strategy, block while paused (calling
-        `on_checkpoint()` for a checkpoint requested meanwhile); returns the seconds spent paused."""
+        `on_checkpoint()` for a checkpoint requested meanwhile); returns the seconds spent paused. (The loop
+        counts the whole call as paused: time at a step boundary is on neither of the run's clocks.)"""
         ...
 
     def publish(self, record: dict, policy_version: int) -> None:

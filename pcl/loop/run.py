@@ -27,6 +27,8 @@ from pcl.runlog import SELECTIONS_FILE, MetricsLog
 
 
 class TrainingRun:
+    """A run's steps and everything around them; `state_bytes` and `keep_files` go to `Checkpoints`."""
+
     def __init__(self, cfg: Config, run_dir: str, loop: StepLoop, evaluation: Evaluation, control: Control,
                  state_bytes: int = 0, keep_files: tuple[str, ...] = ()):
         self.cfg, self.loop, self.evaluation, self.control = cfg, loop, evaluation, control

@@ -70,8 +70,9 @@ def test_summary_of_a_run():
     records = [{"step": 0, "eval_accuracy": 0.2}]
     records += [{"step": s, "effective_ratio": 0.5, "step_seconds": 2.0, "generation_seconds": 1.0,
                  "selection_seconds": 0.1, "value_explained_variance": ev} for s, ev in [(1, -1.0), (2, 0.4), (3, 0.6)]]
-    records[-1]["eval_accuracy"] = 0.35
+    records[-1].update(eval_accuracy=0.35, elapsed_seconds=9.0, train_elapsed_seconds=6.5)
     s = summarize(records)
+    assert s["elapsed_seconds"] == 9.0 and s["train_elapsed_seconds"] == 6.5
     assert s["steps"] == 3 and s["eval_accuracy_start"] == 0.2 and s["eval_accuracy_final"] == 0.35
     assert s["eval_gain_points"] == pytest.approx(15.0)
     assert s["value_explained_variance_late"] == pytest.approx(0.5)  # the second half: steps 2 and 3
