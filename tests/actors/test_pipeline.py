@@ -33,6 +33,9 @@ def test_pcl_trains_end_to_end_and_records_every_step(untrained_tiny, tmp_path, 
         assert 0.0 <= r["effective_ratio"] <= 1.0 and r["step_seconds"] > 0 and r["generation_seconds"] > 0
         assert r["dropped_stale_version"] == 0 and r["dead_letters"] == 0
     assert [r["policy_version"] for r in steps] == [1, 2, 3]  # one optimizer step and one weight sync per step
+    # the training clock leaves out the evaluations (step 0's included); V's probe is counted apart
+    assert 0 < steps[-1]["train_elapsed_seconds"] < steps[-1]["elapsed_seconds"]
+    assert all(r["probe_samples"] % 4 == 0 and r["samples_generated"] == 8 * 4 for r in steps)
     assert "eval_accuracy" in steps[1] and "eval_accuracy" in steps[2]  # every 2 steps and at the end
     assert 0.0 <= steps[0]["selected_value_mean"] <= 1.0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
