@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pcl.runlog import read_metrics
-from tests.pcl.loop.fakes import SECONDS_PER_SAMPLE, FakeFleet, closest_to, config
+from tests.pcl.loop.fakes import SECONDS_PER_SAMPLE, FakeFleet, closest_to, config, world
 
 PCL = {"type": "pcl", "tau": 0.5, "k": 2}
 
@@ -107,3 +107,22 @@ def test_the_time_budget_stops_the_run_at_a_step_boundary(tmp_path):
     summary = fleet.run.run()  # each step generates 16 samples: 0.16 s on the fake clock
     assert summary["steps"] == 2 and summary["steps_this_run"] == 2 and fleet.control.finished == 2
     assert (tmp_path / "checkpoints" / "step-000002").is_dir()  # the end of a run is checkpointed
+
+
+def test_the_suite_is_evaluated_on_schedule_and_the_best_checkpoint_is_kept(tmp_path):
+    cfg = config({"type": "uniform"}, run={"steps": 3},
+                 evaluation={"suite": ["math500"], "every": 2, "best_by": "math500", "keep_best": True},
+                 checkpoint={"every": 0, "keep": 1})
+    records, _ = world()
+    fleet = FakeFleet(tmp_path, cfg, suite={"math500": records[:6]})
+    fleet.run.run()
+
+    steps = steps_of(tmp_path)
+    assert ["suite_math500" in r for r in steps] == [False, True, True]  # every 2 steps and at the end
+    suite_calls = [c for c in fleet.rollouts.calls if c["tag"] == "suite"]
+    assert len(suite_calls) == 2 and all(c["temperature"] == 0.6 for c in suite_calls)
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best["best_by"] == "math500" and (tmp_path / "checkpoints" / f"step-{best['step']:06d}").is_dir()
+    assert (tmp_path / "checkpoints" / "step-000003").is_dir()  # the last one, beside the best despite keep=1
+    suite_seconds = sum(c["samples"] for c in suite_calls) * SECONDS_PER_SAMPLE
+    assert steps[-1]["elapsed_seconds"] - steps[-1]["train_elapsed_seconds"] == pytest.approx(suite_seconds)
