@@ -37,8 +37,16 @@ class TrainingThread(threading.Thread):
             self.result = exc
 
 
+def _parent(pid: int | str) -> int | None:
+    try:
+        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def actor_pids(class_name: str) -> list[int]:
-    """PIDs of live processes whose title is `ray::<class_name>` (idle) or `ray::<class_name>.<method>`."""
+    """PIDs of live processes whose title is `ray::<class_name>` (idle) or `ray::<class_name>.<method>`, of
+    this test process's own Ray (their raylet is its child): never another Ray's on a shared machine."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -47,7 +55,9 @@ def actor_pids(class_name: str) -> list[int]:
             title = (entry / "cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
         except OSError:
             continue
-        if title == f"ray::{class_name}" or title.startswith(f"ray::{class_name}."):
+        raylet = _parent(entry.name)
+        if (title == f"ray::{class_name}" or title.startswith(f"ray::{class_name}.")) and raylet is not None \
+                and _parent(raylet) == os.getpid():
             pids.append(int(entry.name))
     return sorted(pids)
 
