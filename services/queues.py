@@ -24,8 +24,9 @@ then reads new ones (XREADGROUP, blocking). An entry that fails `max_deliveries`
 decode, goes to `{stream}:dead` with its error and is counted in `{stream}:dead_count`; dead-letter streams are
 capped by bytes and by count. Every call retries with exponential backoff while Redis is unreachable (a
 restart) or full (maxmemory reached: backpressure, the consumer keeps what it holds and waits), and recreates
-the group if the stream vanished. A failed pass hands its deliveries back with `release_held()`. When a step commits, `trim_committed()` drops every entry the stream holds, and their pending
-entries, so memory stays bounded. `services.collector.StepCollector` turns at-least-once into exactly-once
+the group if the stream vanished. A failed pass hands its deliveries back with `release_held()`. When a step
+commits, `trim_committed()` drops every entry the stream holds, and their pending entries, so memory stays
+bounded. `services.collector.StepCollector` turns at-least-once into exactly-once
 per step.
 """
 

@@ -23,8 +23,8 @@ def test_the_fleet_uses_exactly_the_declared_streams_groups_and_consumer_roles(u
 
     run = "topology"
     cfg = load_config("configs/tiny.yaml", [
-        f"model.path={untrained_tiny}", f"run.name={run}", "run.m=4", "run.n=2", "data.tiny_size=256",
-        "data.eval_source=null", "control.enabled=false", "rollout.max_new_tokens=8"])
+        f"model.path={untrained_tiny}", f"value.path={untrained_tiny}", "selection.type=uniform", f"run.name={run}",
+        "run.m=4", "run.n=2", "data.tiny_size=256", "data.eval_source=null", "control.enabled=false"])
     prep = prepare(cfg, str(tmp_path / "run"), None)
     with start_embedded(tmp_path / "redis", appendonly=False) as redis_server:
         own_ray, actors = start_ray(), []
