@@ -21,7 +21,9 @@ from services.queues import DEAD_LETTER_MAX_BYTES, WorkQueue
 if TYPE_CHECKING:
     import redis
 
-ROLES = ("coordinator", "rollout", "verifier")  # the actors that touch the streams (one consumer name each member)
+# The actors that touch the streams; a member's consumer name is "{role}-{index}" ("coordinator" for the one
+# coordinator), which the fleet test checks against each group's consumers.
+ROLES = ("coordinator", "rollout", "verifier")
 
 
 @dataclass(frozen=True)
