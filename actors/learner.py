@@ -1,6 +1,6 @@
 """The learner group: M Ray actors forming one torch.distributed process group over an FSDP2 policy.
 
-    group = LearnerGroup.create(cfg, model_path, num_ranks=2)
+    group = LearnerGroup.create(cfg.learner, cfg.optimizer, policy, seed)   # policy: the model section, local path
     stats = group.train(sequences, global_count)       # exactly one optimizer step (DESIGN 1.7)
     ref = group.state_ref()                           # full weights of rank 0, in the object store
 
@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import socket
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import ray
 
 from actors.runtime import gather, init_actor_process
 from pcl.batch import shard_sequences
+
+if TYPE_CHECKING:
+    from pcl.config import LearnerConfig, ModelConfig, OptimizerConfig
+
+
+def learner_device(cfg: LearnerConfig) -> str:
+    """Where the ranks train: CUDA when each is given GPUs."""
+    return "cuda" if cfg.num_gpus_per_rank > 0 else "cpu"
 
 
 class LearnerLost(RuntimeError):
@@ -38,15 +46,17 @@ class LearnerRank:
             s.bind(("", 0))
             return host, s.getsockname()[1]
 
-    def setup(self, master: tuple[str, int], backend: str, model_path: str, optimizer_cfg: dict,
-              micro_batch_size: int, device: str, dtype: str, seed: int, reshard_after_forward: bool = True) -> bool:
-        from pcl.config import OptimizerConfig
+    def setup(self, master: tuple[str, int], backend: str, cfg: LearnerConfig, optimizer: OptimizerConfig,
+              model: ModelConfig, seed: int) -> bool:
+        """Join the process group (backend resolved by the group) and build this rank's share of the policy at
+        model.path, with the `learner` and `optimizer` sections."""
         from pcl.learner import PolicyLearner, init_process_group
 
         init_process_group(backend, f"tcp://{master[0]}:{master[1]}", self.rank, self.world_size)
-        self.learner = PolicyLearner(model_path, OptimizerConfig(**optimizer_cfg), micro_batch_size=micro_batch_size,
-                                     device=device, dtype=dtype, rank=self.rank, world_size=self.world_size, seed=seed,
-                                     reshard_after_forward=reshard_after_forward)
+        self.learner = PolicyLearner(model.path, optimizer, micro_batch_size=cfg.micro_batch_size,
+                                     device=learner_device(cfg), dtype=model.dtype, rank=self.rank,
+                                     world_size=self.world_size, seed=seed,
+                                     reshard_after_forward=cfg.reshard_after_forward)
         return True
 
     def train_step(self, shard: list[dict], global_count: int) -> dict[str, float]:
@@ -94,18 +104,18 @@ class LearnerGroup:
         self.ranks, self.timeout_s = ranks, timeout_s
 
     @classmethod
-    def create(cls, model_path: str, num_ranks: int, backend: str, optimizer_cfg: dict, micro_batch_size: int,
-               device: str, dtype: str, seed: int, num_gpus_per_rank: float = 0.0, threads: int = 1,
-               timeout_s: float = 600.0, resources: dict | None = None,
-               reshard_after_forward: bool = True) -> "LearnerGroup":
-        ranks = [LearnerRank.options(num_gpus=num_gpus_per_rank, resources=resources or None)
-                 .remote(r, num_ranks, threads) for r in range(num_ranks)]
-        master = ray.get(ranks[0].address.remote(), timeout=timeout_s)
+    def create(cls, cfg: LearnerConfig, optimizer: OptimizerConfig, model: ModelConfig, seed: int) -> "LearnerGroup":
+        """cfg.num_ranks ranks placed by the `learner` section (GPUs, resources), each training the policy at
+        model.path (a local directory) in model.dtype with the `optimizer` section."""
+        ranks = [LearnerRank.options(num_gpus=cfg.num_gpus_per_rank, resources=cfg.resources or None)
+                 .remote(r, cfg.num_ranks) for r in range(cfg.num_ranks)]
+        master = ray.get(ranks[0].address.remote(), timeout=cfg.timeout_s)
+        backend = cfg.backend
         if backend == "auto":
-            backend = "nccl" if num_gpus_per_rank > 0 else "gloo"
-        gather([r.setup.remote(master, backend, model_path, optimizer_cfg, micro_batch_size, device, dtype, seed,
-                               reshard_after_forward) for r in ranks], timeout_s, "learner set-up")
-        return cls(ranks, timeout_s)
+            backend = "nccl" if cfg.num_gpus_per_rank > 0 else "gloo"
+        gather([r.setup.remote(master, backend, cfg, optimizer, model, seed) for r in ranks], cfg.timeout_s,
+               "learner set-up")
+        return cls(ranks, cfg.timeout_s)
 
     def train(self, sequences: Sequence[dict], global_count: int) -> dict[str, float]:
         """One optimizer step over the whole batch; returns rank 0's stats with the step's wall time."""

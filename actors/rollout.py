@@ -16,11 +16,14 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from actors.runtime import init_actor_process
+
+if TYPE_CHECKING:
+    from pcl.config import ModelConfig, RedisConfig, RolloutConfig, RunConfig
 
 
 def _restarted() -> bool:
@@ -34,25 +37,22 @@ def _restarted() -> bool:
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class RolloutWorker:
-    def __init__(self, rollout_cfg: dict, redis_url: str, run: str, model_path: str, worker_id: int, seed: int,
-                 dtype: str = "float32", device: str = "auto", visibility_timeout_s: float = 30.0,
-                 max_deliveries: int = 3, threads: int = 1):
-        init_actor_process(threads)
+    def __init__(self, cfg: RolloutConfig, redis: RedisConfig, run: RunConfig, model: ModelConfig, redis_url: str,
+                 worker_id: int):
+        """cfg: the `rollout` section; redis: the `redis` section (queue settings); run: the `run` section (name,
+        seed); model: the `model` section with `path` the local policy directory to load."""
+        init_actor_process(cfg.threads)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's start-up INFO lines, once per worker
-        from pcl.config import RolloutConfig
         from pcl.engines import make_engine
-        from services.queues import WorkQueue, stream_key
         from services.redis_server import make_client
+        from services.topology import open_role
         from services.workers import RolloutService, serve_forever
 
-        cfg = RolloutConfig(**rollout_cfg)
-        engine = make_engine(cfg, model_path, seed + 1000 * worker_id, dtype=dtype, device=device)
-        client = make_client(redis_url)
+        device = "cuda" if cfg.num_gpus_per_worker > 0 else "cpu"
+        engine = make_engine(cfg, model.path, run.seed + 1000 * worker_id, dtype=model.dtype, device=device)
         name = f"rollout-{worker_id}"
-        queue = dict(visibility_timeout_s=visibility_timeout_s, max_deliveries=max_deliveries)
-        requests = WorkQueue(client, stream_key(run, "rollout_requests"), "rollout", name,
-                             max_in_flight=cfg.max_in_flight, **queue)
-        results = WorkQueue(client, stream_key(run, "rollout_results"), "verifier", name, **queue)
+        queues = open_role(make_client(redis_url), run.name, "rollout", name, redis, max_in_flight=cfg.max_in_flight)
+        requests, results = queues["rollout_requests"], queues["rollout_results"]
         self.service = RolloutService(engine, requests, results, batch_requests=cfg.max_in_flight)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=serve_forever, args=(self.service, self.stop, name), daemon=True)

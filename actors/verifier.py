@@ -8,36 +8,39 @@ Ray restarts a verifier whose process dies; what it held unacknowledged is recla
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from actors.runtime import init_actor_process
 
+if TYPE_CHECKING:
+    from pcl.config import RedisConfig, RunConfig, VerifierConfig
+
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class RewardVerifier:
-    def __init__(self, redis_url: str, run: str, answers: dict | None, worker_id: int, processes: int,
-                 timeout_s: float, visibility_timeout_s: float = 30.0, max_deliveries: int = 3,
-                 max_tasks_per_worker: int | None = 1000):
-        """answers: gold answer by prompt id; None reads the run's answers from Redis
+    def __init__(self, cfg: VerifierConfig, redis: RedisConfig, run: RunConfig, redis_url: str, worker_id: int,
+                 answers: dict | None = None):
+        """cfg: the `verifier` section; redis: the `redis` section (queue settings); run: the `run` section (its
+        name keys the streams). answers: gold answer by prompt id; None reads the run's answers from Redis
         (`services.rollout_client.publish_answers`), which is how the fleet starts them: a restarted verifier finds
         them there whatever became of its creator."""
         init_actor_process(1)
-        from services.rollout_client import read_answers
         from pcl.reward_pool import RewardPool
-        from services.queues import WorkQueue, stream_key
         from services.redis_server import make_client
+        from services.rollout_client import read_answers
+        from services.topology import open_role
         from services.workers import VerifierService, serve_forever
 
-        self.pool = RewardPool(processes=processes, timeout_s=timeout_s, max_tasks_per_worker=max_tasks_per_worker)
+        self.pool = RewardPool(processes=cfg.processes, timeout_s=cfg.timeout_s,
+                               max_tasks_per_worker=cfg.max_tasks_per_worker)
         client = make_client(redis_url)
         if answers is None:
-            answers = read_answers(client, run)
+            answers = read_answers(client, run.name)
         name = f"verifier-{worker_id}"
-        queue = dict(visibility_timeout_s=visibility_timeout_s, max_deliveries=max_deliveries)
-        results = WorkQueue(client, stream_key(run, "rollout_results"), "verifier", name, **queue)
-        rewards = WorkQueue(client, stream_key(run, "rewards"), "coordinator", name, **queue)
+        queues = open_role(client, run.name, "verifier", name, redis)
+        results, rewards = queues["rollout_results"], queues["rewards"]
         self.service = VerifierService(self.pool, answers, results, rewards)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=serve_forever, args=(self.service, self.stop, name), daemon=True)

@@ -36,7 +36,8 @@ from services.payloads import (  # noqa: E402
 )
 from services.heap import keep_freed_heap  # noqa: E402
 from services.collector import StepCollector  # noqa: E402
-from services.queues import STREAM_GROUPS, WorkQueue, stream_key  # noqa: E402
+from services.queues import WorkQueue  # noqa: E402
+from services.topology import TOPOLOGY, open_queue, stream_key  # noqa: E402
 from services.redis_server import connect, make_client, masked, start_embedded  # noqa: E402
 
 PROMPT_TOKENS, RESPONSE_TOKENS, TEXT_CHARS = 256, 2048, 7000
@@ -47,7 +48,7 @@ PROMPT = pack_tokens(np.arange(PROMPT_TOKENS) + 1000)  # one prompt for every re
 
 
 def queue(client, run: str, name: str, consumer: str, **options) -> WorkQueue:
-    return WorkQueue(client, stream_key(run, name), STREAM_GROUPS[name], consumer, **options)
+    return open_queue(client, run, name, consumer, **options)
 
 
 class Worker:
@@ -135,7 +136,7 @@ def bench_consumers(url: str, consumers: int, steps: int, m: int, n: int) -> tup
     `consumers` rollout workers and as many verifiers."""
     run = f"bench{os.getpid()}c{consumers}"
     client = make_client(url)
-    coordinator = {name: queue(client, run, name, "coordinator", max_in_flight=1 << 20) for name in STREAM_GROUPS}
+    coordinator = {name: queue(client, run, name, "coordinator", max_in_flight=1 << 20) for name in TOPOLOGY}
     ctx = mp.get_context("spawn")
     signals = Worker(ctx)
     workers = [ctx.Process(target=rollout_worker, args=(url, run, f"rollout{i}", signals, 16)) for i in range(consumers)]
@@ -157,7 +158,7 @@ def bench_consumers(url: str, consumers: int, steps: int, m: int, n: int) -> tup
         worker_cpu = [signals.cpu_out.get(timeout=30) for worker in workers if worker.is_alive() or worker.exitcode == 0]
         for worker in workers:
             worker.join(timeout=10)
-        client.delete(*[stream_key(run, name) for name in STREAM_GROUPS])
+        client.delete(*[stream_key(run, name) for name in TOPOLOGY])
     samples, cpu = steps * m * n, cpu + sum(worker_cpu)
     return samples / elapsed, cpu / samples * 1e6
 

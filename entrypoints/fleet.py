@@ -52,8 +52,7 @@ def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
     from pcl.strategies import make_strategy
 
     seed, run = cfg.run.seed, cfg.run.name
-    gpu = cfg.rollout.num_gpus_per_worker > 0
-    queue = dict(visibility_timeout_s=cfg.redis.visibility_timeout_s, max_deliveries=cfg.redis.max_deliveries)
+    policy = cfg.model.model_copy(update={"path": prep.policy_path})  # the model section, with the local copy
     h: dict = {"redis_url": redis_url, "policy_path": prep.policy_path, "value_path": prep.value_path}
     # The coordinator and the sampler live on the driver's node: they write the run directory beside the driver,
     # and losing them is losing the run's driver node anyway (the rest is placed by the resources it asks for).
@@ -68,19 +67,12 @@ def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
             checkpoints=str(prep.run_dir / "checkpoints"))
     publish_answers(redis_url, run, prep.answers)
     h["verifiers"] = [RewardVerifier.options(resources=cfg.verifier.resources or None).remote(
-        redis_url, run, None, i, cfg.verifier.processes, cfg.verifier.timeout_s,
-        max_tasks_per_worker=cfg.verifier.max_tasks_per_worker, **queue)
-        for i in range(cfg.verifier.num_workers)]
+        cfg.verifier, cfg.redis, cfg.run, redis_url, i) for i in range(cfg.verifier.num_workers)]
     h["rollout_workers"] = [
         RolloutWorker.options(num_gpus=cfg.rollout.num_gpus_per_worker, resources=cfg.rollout.resources or None).remote(
-            cfg.rollout.model_dump(), redis_url, run, prep.policy_path, i, seed, cfg.model.dtype,
-            "cuda" if gpu else "cpu", threads=cfg.rollout.threads, **queue)
+            cfg.rollout, cfg.redis, cfg.run, policy, redis_url, i)
         for i in range(cfg.rollout.num_workers)]
-    h["learners"] = LearnerGroup.create(
-        prep.policy_path, cfg.learner.num_ranks, cfg.learner.backend, cfg.optimizer.model_dump(),
-        cfg.learner.micro_batch_size, "cuda" if cfg.learner.num_gpus_per_rank > 0 else "cpu", cfg.model.dtype, seed,
-        num_gpus_per_rank=cfg.learner.num_gpus_per_rank, timeout_s=cfg.learner.timeout_s,
-        resources=cfg.learner.resources, reshard_after_forward=cfg.learner.reshard_after_forward)
+    h["learners"] = LearnerGroup.create(cfg.learner, cfg.optimizer, policy, seed)
     pings = [a.ping.remote() for a in [h["sampler"], *h["verifiers"], *h["rollout_workers"]] + [h["scorer"]] if a]
     ray.get(pings, timeout=cfg.learner.timeout_s)
     coordinator = Coordinator.options(scheduling_strategy=here).remote(cfg.model_dump(), str(prep.run_dir), h,

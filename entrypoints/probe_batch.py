@@ -34,14 +34,12 @@ def start_generation_fleet(cfg: Config, prep, redis_url: str) -> list:
     from actors.rollout import RolloutWorker
     from actors.verifier import RewardVerifier
 
-    queue = dict(visibility_timeout_s=cfg.redis.visibility_timeout_s, max_deliveries=cfg.redis.max_deliveries)
-    gpu = cfg.rollout.num_gpus_per_worker > 0
+    policy = cfg.model.model_copy(update={"path": prep.policy_path})  # the model section, with the local copy
     answers = ray.put(prep.answers)
-    actors = [RewardVerifier.remote(redis_url, cfg.run.name, answers, i, cfg.verifier.processes,
-                                    cfg.verifier.timeout_s, **queue) for i in range(cfg.verifier.num_workers)]
+    actors = [RewardVerifier.remote(cfg.verifier, cfg.redis, cfg.run, redis_url, i, answers)
+              for i in range(cfg.verifier.num_workers)]
     actors += [RolloutWorker.options(num_gpus=cfg.rollout.num_gpus_per_worker).remote(
-        cfg.rollout.model_dump(), redis_url, cfg.run.name, prep.policy_path, i, cfg.run.seed, cfg.model.dtype,
-        "cuda" if gpu else "cpu", **queue) for i in range(cfg.rollout.num_workers)]
+        cfg.rollout, cfg.redis, cfg.run, policy, redis_url, i) for i in range(cfg.rollout.num_workers)]
     ray.get([a.ping.remote() for a in actors], timeout=cfg.learner.timeout_s)
     return actors
 

@@ -33,7 +33,7 @@ from typing import Any
 
 import redis
 
-from services.queues import STREAM_GROUPS, stream_key
+from services.topology import STREAM_GROUPS, stream_key
 
 EVENTS_MAXLEN = 10_000  # events kept (approximately); a pause/resume a minute for a week fits
 HISTORY_MAXLEN = 50_000  # step records kept for the dashboard

@@ -1,15 +1,12 @@
 """Work queues between actors on Redis Streams with consumer groups; the only place that uses streams.
 
-Topology (DESIGN.md section 2), one stream per hop, one consumer group per stream:
-
-    pcl:{run}:rollout_requests  --group "rollout"-->     rollout workers
-    pcl:{run}:rollout_results   --group "verifier"-->    verifier workers
-    pcl:{run}:rewards           --group "coordinator"--> coordinator (services.collector.StepCollector)
+The streams of a run, their groups and who writes and takes each are declared in services/topology.py, which
+opens every queue (`open_queue`, `open_role`) from that declaration.
 
 A worker's loop, with at-least-once delivery and the ack written together with the downstream record:
 
-    requests = WorkQueue(client, stream_key(run, "rollout_requests"), "rollout", consumer="w1")
-    results = WorkQueue(client, stream_key(run, "rollout_results"), "verifier", consumer="w1")
+    requests = open_queue(client, run, "rollout_requests", "w1", cfg.redis)   # services.topology
+    results = open_queue(client, run, "rollout_results", "w1", cfg.redis)
     while running:
         for delivery in requests.take(8):
             try:  # the n samples of the request go out as one entry, with the request's ack, in one MULTI
@@ -27,8 +24,9 @@ then reads new ones (XREADGROUP, blocking). An entry that fails `max_deliveries`
 decode, goes to `{stream}:dead` with its error and is counted in `{stream}:dead_count`; dead-letter streams are
 capped by bytes and by count. Every call retries with exponential backoff while Redis is unreachable (a
 restart) or full (maxmemory reached: backpressure, the consumer keeps what it holds and waits), and recreates
-the group if the stream vanished. A failed pass hands its deliveries back with `release_held()`. When a step commits, `trim_committed()` drops every entry the stream holds, and their pending
-entries, so memory stays bounded. `services.collector.StepCollector` turns at-least-once into exactly-once
+the group if the stream vanished. A failed pass hands its deliveries back with `release_held()`. When a step
+commits, `trim_committed()` drops every entry the stream holds, and their pending entries, so memory stays
+bounded. `services.collector.StepCollector` turns at-least-once into exactly-once
 per step.
 """
 
@@ -41,37 +39,18 @@ from typing import Callable, Iterable, Sequence, TypeVar, Union
 
 import redis
 
-from pcl.config import RedisConfig
 from services.heap import keep_freed_heap
 from services.redis_full import MemoryWait, cap_stream_bytes
-from services.payloads import PayloadError, Record, RewardNote, RewardRecord, decode_entry, encode_entry
+from services.payloads import PayloadError, Record, decode_entry, encode_entry
+from services.stream_upkeep import PAYLOAD_FIELD, StreamUpkeep, id_key
 
 log = logging.getLogger(__name__)
 
-STREAM_GROUPS = {"rollout_requests": "rollout", "rollout_results": "verifier", "rewards": "coordinator"}
-PAYLOAD_FIELD = b"d"
 PUT_CHUNK = 512  # XADDs per pipeline round trip
-FETCH_CHUNK = 64  # entries read back per pipeline round trip by fetch() (a group of 16 samples is ~250 KB)
 DEAD_LETTER_MAX_BYTES = 64 * 2**20  # a dead-letter stream is trimmed (oldest first) past this much Redis memory
 FULL_TIMEOUT_S = 600.0  # how long a write waits for a full Redis (maxmemory reached) to free memory
 T = TypeVar("T")
 Entry = Union[Record, Sequence[Record]]  # what one stream entry holds: a record or a group of records
-
-
-def stream_key(run: str, name: str) -> str:
-    """Redis key of one of the run's streams: pcl:{run}:{name}, name in STREAM_GROUPS."""
-    if name not in STREAM_GROUPS:
-        raise ValueError(f"unknown stream {name!r}; streams are {sorted(STREAM_GROUPS)}")
-    return f"pcl:{run}:{name}"
-
-
-def open_queue(client: redis.Redis, run: str, name: str, consumer: str, cfg: RedisConfig,
-               max_in_flight: int = 1024) -> "WorkQueue":
-    """The run's stream `name` for `consumer`, with the visibility timeout, delivery limit and blocking read
-    of the `redis` config section; max_in_flight is the worker's backpressure bound (rollout.max_in_flight)."""
-    return WorkQueue(client, stream_key(run, name), STREAM_GROUPS[name], consumer,
-                     visibility_timeout_s=cfg.visibility_timeout_s, max_deliveries=cfg.max_deliveries,
-                     block_ms=cfg.block_ms, max_in_flight=max_in_flight)
 
 
 class QueueUnavailable(RuntimeError):
@@ -99,24 +78,9 @@ class Delivery:
         return self.records[0]
 
 
-def _id_key(entry_id: str) -> tuple[int, int]:
-    """An entry id as a sortable (milliseconds, sequence) pair."""
-    ms, seq = entry_id.split("-")
-    return int(ms), int(seq)
-
-
-def _id_after(entry_id: str) -> str:
-    ms, seq = entry_id.split("-")
-    return f"{ms}-{int(seq) + 1}"
-
-
-def _id_before(entry_id: str) -> str:
-    ms, seq = _id_key(entry_id)
-    return f"{ms}-{seq - 1}" if seq else f"{ms - 1}-{2**64 - 1}"
-
-
-class WorkQueue:
-    """One stream seen by one consumer of one group: put, take, ack / forward / fail, trim.
+class WorkQueue(StreamUpkeep):
+    """One stream seen by one consumer of one group: put, take, ack / forward / fail; reading back, inspecting and
+    trimming come from services.stream_upkeep.StreamUpkeep.
 
     visibility_timeout_s: an entry held this long without ack by any consumer is reclaimed by another.
     max_deliveries: a record delivered (and failed or abandoned) this often goes to the dead-letter stream.
@@ -201,7 +165,7 @@ class WorkQueue:
         entries = [(entry_id, fields) for entry_id, fields in reply[1] if entry_id is not None]
         if not entries:
             return []
-        ids = sorted((entry_id for entry_id, _ in entries), key=lambda entry_id: _id_key(entry_id.decode()))
+        ids = sorted((entry_id for entry_id, _ in entries), key=lambda entry_id: id_key(entry_id.decode()))
         pending = self._retry("XPENDING", lambda: self.client.xpending_range(
             self.stream, self.group, ids[0], ids[-1], len(ids) + len(self._held), consumername=self.consumer))
         counts = {item["message_id"]: item["times_delivered"] for item in pending}
@@ -269,7 +233,7 @@ class WorkQueue:
         """Hand back every delivery held (processing failed between take and ack/forward): any consumer's next
         take() may reclaim them at once, with their delivery counts kept. When Redis does not answer they are
         only forgotten here, and come back after the visibility timeout. Returns how many were held."""
-        ids = sorted(self._held, key=_id_key)
+        ids = sorted(self._held, key=id_key)
         self._held.clear()
         if ids:
             try:
@@ -322,118 +286,6 @@ class WorkQueue:
         self._retry("dead-letter cap", lambda: cap_stream_bytes(self.client, self.dead_stream,
                                                                 self.dead_letter_max_bytes))
 
-    # -- reading entries back -------------------------------------------------------------------------
-
-    def fetch(self, refs: Sequence[tuple[str, int]]) -> list[Record | None]:
-        """The records at (entry id, position in the entry's group), read back from this stream (pipelined
-        XRANGEs, each entry read and decoded once); None where the entry is gone (trimmed), does not decode,
-        or has no such position. Reading does not touch any consumer group."""
-        ids = list(dict.fromkeys(entry_id for entry_id, _ in refs))
-        entries: dict[str, list[Record] | None] = {}
-        for start in range(0, len(ids), FETCH_CHUNK):
-            chunk = ids[start:start + FETCH_CHUNK]
-
-            def read() -> list:
-                pipe = self.client.pipeline(transaction=False)
-                for entry_id in chunk:
-                    pipe.xrange(self.stream, entry_id, entry_id, count=1)
-                return pipe.execute()
-
-            for entry_id, reply in zip(chunk, self._retry("XRANGE", read)):
-                try:
-                    entries[entry_id] = decode_entry(reply[0][1][PAYLOAD_FIELD]) if reply else None
-                except PayloadError as exc:
-                    log.error("%s: entry %s does not decode: %s", self.stream, entry_id, exc)
-                    entries[entry_id] = None
-        out: list[Record | None] = []
-        for entry_id, position in refs:
-            records = entries[entry_id]
-            out.append(records[position] if records is not None and 0 <= position < len(records) else None)
-        return out
-
-    def join(self, notes: Sequence[RewardNote]) -> list[RewardRecord | None]:
-        """Reward notes joined with the results they point at in this (the results) stream: one RewardRecord
-        per note, None where the result is gone or is not the note's sample."""
-        joined: list[RewardRecord | None] = []
-        for note, result in zip(notes, self.fetch([(note.result_entry, note.position) for note in notes])):
-            try:
-                joined.append(None if result is None else RewardRecord.from_note(note, result))
-            except PayloadError as exc:
-                log.error("%s: %s", self.stream, exc)
-                joined.append(None)
-        return joined
-
-    # -- inspecting and trimming ----------------------------------------------------------------------
-
-    def dead_letter_count(self) -> int:
-        """Entries of this stream dead-lettered so far (all consumers)."""
-        return int(self._retry("GET", lambda: self.client.get(self.dead_count_key)) or 0)
-
-    def dead_letters(self, count: int = 100) -> list[dict[str, object]]:
-        """The newest dead letters: entry_id, error, deliveries, consumer and the raw payload."""
-        entries = self._retry("XREVRANGE", lambda: self.client.xrevrange(self.dead_stream, count=count))
-        return [{key.decode(): (value if key == b"payload" else value.decode()) for key, value in fields.items()}
-                for _, fields in entries]
-
-    def depth(self) -> int:
-        """Entries of this group not yet acknowledged: pending plus not yet delivered."""
-        group = self._group_info()
-        if group is None:
-            return 0
-        lag = group.get("lag")
-        if lag is None:  # Redis < 7 has no lag: count the undelivered entries by reading past the cursor
-            lag, cursor = 0, "(" + group["last-delivered-id"].decode()
-            while batch := self._retry("XRANGE", lambda: self.client.xrange(self.stream, cursor, "+", count=1000)):
-                lag += len(batch)
-                cursor = "(" + batch[-1][0].decode()
-        return int(group["pending"]) + int(lag)
-
-    def _group_info(self) -> dict | None:
-        try:
-            groups = self._retry("XINFO GROUPS", lambda: self.client.xinfo_groups(self.stream))
-        except redis.ResponseError:  # the stream does not exist (yet)
-            return None
-        return next((g for g in groups if g["name"].decode() == self.group), None)
-
-    def tail_id(self) -> str:
-        """Id of the newest entry, "0-0" when the stream is empty."""
-        newest = self._retry("XREVRANGE", lambda: self.client.xrevrange(self.stream, count=1))
-        return newest[0][0].decode() if newest else "0-0"
-
-    def trim_before(self, min_id: str) -> int:
-        """Delete entries with ids below min_id, and their pending entries in every group; returns how many
-        entries were deleted. Consumers idle for long with nothing pending are forgotten too."""
-        removed = self._retry("XTRIM", lambda: self.client.xtrim(self.stream, minid=min_id, approximate=False))
-        last_trimmed = _id_before(min_id)
-        stream = self._retry("XINFO STREAM", lambda: self.client.xinfo_stream(self.stream))
-        for group in self._retry("XINFO GROUPS", lambda: self.client.xinfo_groups(self.stream)):
-            name = group["name"]
-            while stale := self._retry("XPENDING", lambda: self.client.xpending_range(
-                    self.stream, name, "-", last_trimmed, 1000)):
-                ids = [item["message_id"] for item in stale]
-                self._retry("XACK", lambda: self.client.xack(self.stream, name, *ids))
-            if _id_key(group["last-delivered-id"].decode()) < _id_key(last_trimmed):
-                # Move the group past the trimmed entries it never read, else Redis 7 counts them as lag
-                # forever; entries-added (Redis 7) keeps the lag exact.
-                added = stream.get("entries-added")
-                read = None if added is None else added - stream["length"]
-                self._retry("XGROUP SETID", lambda: self.client.xgroup_setid(
-                    self.stream, name, last_trimmed, entries_read=read))
-            for consumer in self._retry("XINFO CONSUMERS", lambda: self.client.xinfo_consumers(self.stream, name)):
-                if consumer["pending"] == 0 and consumer["idle"] > max(60_000, 10 * self.visibility_ms):
-                    try:
-                        self.client.xgroup_delconsumer(self.stream, name, consumer["name"])
-                    except redis.OutOfMemoryError:  # XGROUP is refused while Redis is full; next time
-                        pass
-        self._held = {entry_id for entry_id in self._held if _id_key(entry_id) >= _id_key(min_id)}
-        return int(removed)
-
-    def trim_committed(self) -> int:
-        """Trim everything the stream holds now. Call when a step commits, before the next step's records
-        are put: whatever is left then is a duplicate or a record of a finished step."""
-        tail = self.tail_id()
-        return self.trim_before(_id_after(tail)) if tail != "0-0" else 0
-
     # -- resilience -----------------------------------------------------------------------------------
 
     def _ensure_group(self) -> None:
@@ -480,5 +332,5 @@ class WorkQueue:
         """Reset the idle time of the entries this consumer holds (XCLAIM JUSTID, allowed while Redis is full),
         so no other consumer reclaims them while a write of ours waits for memory."""
         if self._held:
-            self.client.xclaim(self.stream, self.group, self.consumer, 0, sorted(self._held, key=_id_key),
+            self.client.xclaim(self.stream, self.group, self.consumer, 0, sorted(self._held, key=id_key),
                                justid=True)

@@ -20,7 +20,7 @@ from pcl.batch import Sample
 from pcl.config import Config
 from services.payloads import TOKEN_DTYPE, RolloutRequest, SamplingParams, pack_tokens, unpack_tokens
 from services.collector import StepCollector
-from services.queues import WorkQueue, stream_key
+from services.topology import STREAMS, open_role, stream_key
 
 log = logging.getLogger(__name__)
 WAIT_CHECK_S = 5.0  # while a step's samples are missing, the fleet's weights are checked this often
@@ -47,19 +47,15 @@ def check_verifier_errors(step: int, errors: int, total: int, max_share: float) 
 
 
 class RolloutClient:
-    """The coordinator's side of the three streams."""
+    """The coordinator's side of the streams: it writes requests, takes reward notes and reads results back."""
 
     def __init__(self, cfg: Config, redis_url: str):
         from services.redis_server import make_client
 
         self.cfg, self.run = cfg, cfg.run.name
-        client = make_client(redis_url)
-        opts = dict(visibility_timeout_s=cfg.redis.visibility_timeout_s, max_deliveries=cfg.redis.max_deliveries,
-                    block_ms=cfg.redis.block_ms)
-        self.requests = WorkQueue(client, stream_key(self.run, "rollout_requests"), "rollout", "coordinator", **opts)
-        self.results = WorkQueue(client, stream_key(self.run, "rollout_results"), "verifier", "coordinator", **opts)
-        self.rewards = WorkQueue(client, stream_key(self.run, "rewards"), "coordinator", "coordinator",
-                                 max_in_flight=1 << 20, **opts)
+        queues = open_role(make_client(redis_url), self.run, "coordinator", "coordinator", cfg.redis)
+        self.requests, self.results, self.rewards = (queues[name] for name in
+                                                     ("rollout_requests", "rollout_results", "rewards"))
         self.dropped: Counter[str] = Counter()
         self.totals: Counter[str] = Counter()  # samples, response tokens and verifier timeouts, all steps
 
@@ -142,15 +138,14 @@ class RolloutClient:
 
 
 def purge_streams(redis_url: str, run: str) -> int:
-    """Delete the run's work streams (requests, results, rewards) with their consumer groups: a run that
+    """Delete the run's work streams (those services.topology declares) with their consumer groups: a run that
     starts again from a checkpoint regenerates everything after it, so work in flight when it stopped is void.
     Dead-letter streams stay (they are the record of poison entries). Returns the number of streams deleted."""
-    from services.queues import STREAM_GROUPS
     from services.redis_server import make_client
 
     client = make_client(redis_url)
     try:
-        return int(client.delete(*(stream_key(run, name) for name in STREAM_GROUPS)))
+        return int(client.delete(*(stream_key(run, stream.name) for stream in STREAMS)))
     finally:
         client.close()
 

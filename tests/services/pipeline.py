@@ -15,7 +15,8 @@ import redis
 
 from services.payloads import RewardNote, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
 from services.collector import StepCollector
-from services.queues import STREAM_GROUPS, WorkQueue, stream_key
+from services.queues import WorkQueue
+from services.topology import STREAMS, open_queue
 
 
 def make_requests(run: str, step: int, m: int, n: int, prompt_tokens: int = 12) -> list[RolloutRequest]:
@@ -41,7 +42,7 @@ def verify_entry(delivery) -> list[RewardNote]:
 
 @dataclass
 class Streams:
-    """The three queues of a run as seen by one consumer name."""
+    """The queues of a run (services.topology.STREAMS) as seen by one consumer name."""
 
     requests: WorkQueue
     results: WorkQueue
@@ -49,9 +50,8 @@ class Streams:
 
     @classmethod
     def open(cls, client: redis.Redis, run: str, consumer: str, **options) -> "Streams":
-        queues = [WorkQueue(client, stream_key(run, name), group, consumer, **options)
-                  for name, group in STREAM_GROUPS.items()]
-        return cls(*queues)
+        queues = {stream.name: open_queue(client, run, stream.name, consumer, **options) for stream in STREAMS}
+        return cls(queues["rollout_requests"], queues["rollout_results"], queues["rewards"])
 
     def rollout_pass(self, batch: int = 64, block_ms: int = 0) -> int:
         """A rollout worker's turn: generate for taken requests; each request's n results go out as one

@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from services.queues import STREAM_GROUPS, WorkQueue, stream_key
+from services.topology import open_queue
 from services.redis_server import make_client
 from tests.services.pipeline import verify_entry
 
@@ -25,9 +25,8 @@ def main() -> None:
         parser.add_argument(name, type=int, required=True)
     args = parser.parse_args()
     client = make_client(args.url)
-    results = WorkQueue(client, stream_key(args.run, "rollout_results"), STREAM_GROUPS["rollout_results"],
-                        args.consumer, max_in_flight=args.take)
-    rewards = WorkQueue(client, stream_key(args.run, "rewards"), STREAM_GROUPS["rewards"], args.consumer)
+    results = open_queue(client, args.run, "rollout_results", args.consumer, max_in_flight=args.take)
+    rewards = open_queue(client, args.run, "rewards", args.consumer)
     held = []
     while len(held) < args.take:
         held += results.take(args.take - len(held))

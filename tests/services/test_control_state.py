@@ -13,7 +13,7 @@ from pcl.strategies import PCLStrategy, UniformStrategy
 from services.control_state import ControlConflict, ControlStore, ControlValueError
 from services.metrics import bucket_field
 from services.payloads import RolloutRequest, SamplingParams, pack_tokens
-from services.queues import WorkQueue, stream_key
+from services.topology import open_queue, stream_key
 from services.redis_server import make_client
 from services.run_control import RunControl
 from tests.services.control_fixtures import step_record, store  # noqa: F401 - a fixture
@@ -215,7 +215,7 @@ def test_queue_depths_count_unacknowledged_entries(server, request, key_prefix):
     url = request.getfixturevalue(server)
     client, text_client = make_client(url), make_client(url, decode_responses=True)
     store = ControlStore(text_client, key_prefix)
-    requests = WorkQueue(client, stream_key(store.run, "rollout_requests"), "rollout", "w1")
+    requests = open_queue(client, store.run, "rollout_requests", "w1")
     try:  # payloads are binary: token ids 0xF0F0F0F0 are not UTF-8
         requests.put(
             [

@@ -9,7 +9,7 @@ import pytest
 
 from services.payloads import RewardNote, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
 from services.collector import StepCollector
-from services.queues import QueueUnavailable, WorkQueue, open_queue, stream_key
+from services.queues import QueueUnavailable, WorkQueue
 from services.redis_server import start_embedded
 
 
@@ -168,8 +168,7 @@ def test_a_vanished_stream_and_group_are_recreated(make_queue):
 @pytest.mark.redis
 def test_depth_counts_undelivered_entries_on_redis_6(tmp_path):
     with start_embedded(tmp_path, appendonly=False) as handle:  # Redis 6.2 has no consumer-group lag
-        queue = WorkQueue(handle.client(), stream_key("tiny", "rollout_requests"), "rollout", "w", block_ms=20,
-                          max_in_flight=5000)
+        queue = WorkQueue(handle.client(), "s", "g", "w", block_ms=20, max_in_flight=5000)
         queue.put([request(f"p{i}") for i in range(2500)])
         queue.take(100)
         assert queue.depth() == 2500
@@ -193,8 +192,6 @@ def test_options_are_validated(redis_client):
         WorkQueue(redis_client, "s", "g", "c", max_in_flight=0)
     with pytest.raises(ValueError, match="socket_timeout"):
         WorkQueue(redis_client, "s", "g", "c", block_ms=60_000)
-    with pytest.raises(ValueError, match="unknown stream 'results'"):
-        stream_key("tiny", "results")
 
 
 def test_step_collector_keeps_one_record_per_key_and_counts_drops():
@@ -232,16 +229,6 @@ def test_a_group_is_one_entry_and_a_failing_group_is_split(make_queue):
                 done.append(single.record.sample_index)
                 queue.ack([single])
     assert sorted(done) == [0, 2] and queue.dead_letter_count() == 1 and queue.depth() == 0
-
-
-@pytest.mark.redis
-def test_open_queue_takes_its_settings_from_the_config(redis_client, key_prefix):
-    from pcl.config import RedisConfig
-
-    queue = open_queue(redis_client, key_prefix, "rewards", "coordinator",
-                       RedisConfig(visibility_timeout_s=2.5, max_deliveries=5, block_ms=75), max_in_flight=7)
-    assert (queue.stream, queue.group) == (f"pcl:{key_prefix}:rewards", "coordinator")
-    assert (queue.visibility_ms, queue.max_deliveries, queue.block_ms, queue.max_in_flight) == (2500, 5, 75, 7)
 
 
 def result(prompt_id: str, sample: int, step: int = 1, version: int = 1) -> RolloutResult:

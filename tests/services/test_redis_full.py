@@ -22,7 +22,8 @@ from pcl.engines.hf import HFEngine
 from services.payloads import RolloutRequest, SamplingParams, pack_tokens
 from services.control_state import ControlStore
 from services.metrics import metrics_registry
-from services.queues import QueueUnavailable, RedisFull, WorkQueue, stream_key
+from services.queues import QueueUnavailable, RedisFull
+from services.topology import open_queue
 from services.redis_server import default_maxmemory, make_client, start_embedded
 from services.workers import RolloutService, serve_forever
 
@@ -65,9 +66,9 @@ def request(run: str, pid: str, n: int = 2) -> RolloutRequest:
 def test_a_full_redis_pauses_generation_and_it_resumes_when_memory_frees(client, tiny_model_dir, caplog):
     run = "full"
     opts = dict(visibility_timeout_s=1.0, max_deliveries=3, block_ms=50)
-    requests = WorkQueue(client, stream_key(run, "rollout_requests"), "rollout", "w0", **opts)
-    results = WorkQueue(client, stream_key(run, "rollout_results"), "verifier", "w0", **opts)
-    reader = WorkQueue(client, results.stream, "verifier", "reader", **opts)
+    requests = open_queue(client, run, "rollout_requests", "w0", **opts)
+    results = open_queue(client, run, "rollout_results", "w0", **opts)
+    reader = open_queue(client, run, "rollout_results", "reader", **opts)
     requests.put([request(run, "p0"), request(run, "p1")])
     fill(client)
     service = RolloutService(HFEngine(str(tiny_model_dir), device="cpu", seed=0, num_threads=1), requests, results,
@@ -106,7 +107,7 @@ def test_a_full_redis_pauses_generation_and_it_resumes_when_memory_frees(client,
 
 
 def test_a_write_waits_for_memory_then_gives_up_after_full_timeout_s(client):
-    queue = WorkQueue(client, stream_key("full", "rollout_requests"), "rollout", "coordinator", full_timeout_s=1.0)
+    queue = open_queue(client, "full", "rollout_requests", "coordinator", full_timeout_s=1.0)
     fill(client)
     start = time.monotonic()
     with pytest.raises(RedisFull, match="maxmemory"):
@@ -122,8 +123,7 @@ def test_a_write_waits_for_memory_then_gives_up_after_full_timeout_s(client):
 
 
 def test_dead_letter_streams_are_capped_by_bytes(client):
-    queue = WorkQueue(client, stream_key("full", "rollout_results"), "verifier", "v", block_ms=20,
-                      dead_letter_max_bytes=2_000_000)
+    queue = open_queue(client, "full", "rollout_results", "v", block_ms=20, dead_letter_max_bytes=2_000_000)
     for _ in range(30):  # undecodable entries of 250 KB each go to the dead letters at once
         client.xadd(queue.stream, {b"d": os.urandom(250_000)})
     while queue.take(100):

@@ -21,7 +21,7 @@ from pcl.data import PromptRecord
 from pcl.reward_pool import RewardPool, math_score
 from services.rollout_client import RolloutClient
 from services.metrics import metrics_registry
-from services.queues import WorkQueue, stream_key
+from services.topology import open_role
 from services.run_control import RunControl
 from services.workers import VerifierService, serve_forever
 from tests.services.control_fixtures import step_record, store  # noqa: F401 - fixture
@@ -50,9 +50,8 @@ def fleet(client, run: str, pool: RewardPool, answers: dict):
     stop = threading.Event()
     rollout = Streams.open(client, run, "rollout-0", block_ms=50)
     opts = dict(visibility_timeout_s=5.0, block_ms=50)
-    verifier = VerifierService(pool, answers, WorkQueue(client, stream_key(run, "rollout_results"), "verifier",
-                                                        "verifier-0", **opts),
-                               WorkQueue(client, stream_key(run, "rewards"), "coordinator", "verifier-0", **opts))
+    queues = open_role(client, run, "verifier", "verifier-0", **opts)
+    verifier = VerifierService(pool, answers, queues["rollout_results"], queues["rewards"])
 
     def generate() -> None:
         while not stop.is_set():

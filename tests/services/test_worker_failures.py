@@ -16,7 +16,8 @@ import pytest
 from pcl.engines.hf import HFEngine
 from services.backoff import Backoff
 from services.payloads import RolloutRequest, SamplingParams, pack_tokens
-from services.queues import WorkQueue, stream_key
+from services.queues import WorkQueue
+from services.topology import open_queue
 from services.workers import RolloutService, serve_forever
 
 VISIBILITY_S = 5.0
@@ -53,12 +54,11 @@ def collect(reader: WorkQueue, count: int, deadline: float) -> list:
 def test_an_error_after_take_hands_the_entry_back_and_it_is_served_within_the_visibility_timeout(
         redis_client, key_prefix, tiny_model_dir):
     opts = dict(visibility_timeout_s=VISIBILITY_S, max_deliveries=3, block_ms=50)
-    requests = WorkQueue(redis_client, stream_key(key_prefix, "rollout_requests"), "rollout", "w0",
-                         max_in_flight=1, **opts)
-    results = WorkQueue(redis_client, stream_key(key_prefix, "rollout_results"), "verifier", "w0", **opts)
+    requests = open_queue(redis_client, key_prefix, "rollout_requests", "w0", max_in_flight=1, **opts)
+    results = open_queue(redis_client, key_prefix, "rollout_results", "w0", **opts)
     engine = FailsOnce(HFEngine(str(tiny_model_dir), device="cpu", seed=0, num_threads=1))
     service = RolloutService(engine, requests, results, batch_requests=1)
-    reader = WorkQueue(redis_client, results.stream, "verifier", "reader", **opts)
+    reader = open_queue(redis_client, key_prefix, "rollout_results", "reader", **opts)
     stop = threading.Event()
     thread = threading.Thread(target=serve_forever, args=(service, stop, "rollout-w0"), daemon=True)
     requests.put([request(key_prefix, "p0")])

@@ -13,7 +13,7 @@ from pcl.engines.hf import HFEngine
 from pcl.reward_pool import RewardPool
 from services.payloads import RewardRecord, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
 from services.collector import StepCollector
-from services.queues import WorkQueue, stream_key
+from services.topology import open_queue
 from services.workers import RolloutService, VerifierService
 
 pytestmark = pytest.mark.redis
@@ -21,9 +21,8 @@ pytestmark = pytest.mark.redis
 
 def queues(client, run: str, name: str):
     opts = dict(visibility_timeout_s=5.0, max_deliveries=3, block_ms=50)
-    return (WorkQueue(client, stream_key(run, "rollout_requests"), "rollout", name, **opts),
-            WorkQueue(client, stream_key(run, "rollout_results"), "verifier", name, **opts),
-            WorkQueue(client, stream_key(run, "rewards"), "coordinator", name, **opts))
+    return tuple(open_queue(client, run, stream, name, **opts)
+                 for stream in ("rollout_requests", "rollout_results", "rewards"))
 
 
 def request(run, step, pid, version, n=3, max_new_tokens=4):
@@ -45,7 +44,7 @@ def test_rollout_service_serves_its_version_only(redis_client, key_prefix, engin
     for _ in range(5):
         produced += service.serve_once(block_ms=50)
     assert produced == 5  # 3 + 2 samples, all of version 0
-    consumer = WorkQueue(redis_client, results.stream, "verifier", "reader", block_ms=50)
+    consumer = open_queue(redis_client, key_prefix, "rollout_results", "reader", block_ms=50)
     got = [r for d in consumer.take(100) for r in d.records]
     assert sorted((r.prompt_id, r.sample_index) for r in got) == [("old", 0), ("old", 1), ("p0", 0), ("p0", 1), ("p0", 2)]
     assert all(r.policy_version == 0 and len(r.token_ids) // 4 <= 4 for r in got)
@@ -72,7 +71,7 @@ def test_verifier_scores_and_zeroes_truncated(redis_client, key_prefix):
         service = VerifierService(pool, {"a": "12", "b": "0.5"}, results, rewards)
         assert service.serve_once(block_ms=100) == 4
     collector = StepCollector(key_prefix, 4, 2, {("a", 0), ("a", 1), ("b", 0), ("b", 1)}, resolve=results.join)
-    reader = WorkQueue(redis_client, rewards.stream, "coordinator", "c", block_ms=50)
+    reader = open_queue(redis_client, key_prefix, "rewards", "c", block_ms=50)
     collector.offer_all(r for d in reader.take(100) for r in d.records)
     assert collector.complete
     got = {(r.prompt_id, r.sample_index): r.reward for r in collector.batch()}
@@ -107,7 +106,7 @@ def test_a_later_round_continues_sample_indices_and_never_collides_with_the_firs
     requests.put([first, second])
     while service.serve_once(block_ms=50):
         pass
-    reader = WorkQueue(redis_client, results.stream, "verifier", "reader", block_ms=50)
+    reader = open_queue(redis_client, key_prefix, "rollout_results", "reader", block_ms=50)
     got = [r for d in reader.take(100) for r in d.records]
     assert sorted(r.sample_index for r in got) == [0, 1, 2, 3, 4]
     round_two = StepCollector(key_prefix, 2, 0, {("p", 3), ("p", 4)})
@@ -134,7 +133,7 @@ def test_hostile_outputs_through_the_verifier_are_reward_0_timed_out_and_counted
         while served < 4:
             served += service.serve_once(block_ms=100)
     collector = StepCollector(key_prefix, 1, 1, {(pid, 0) for pid in [*hostile, "good"]}, resolve=results.join)
-    reader = WorkQueue(redis_client, rewards.stream, "coordinator", "c", block_ms=50)
+    reader = open_queue(redis_client, key_prefix, "rewards", "c", block_ms=50)
     while not collector.complete:
         collector.offer_all(r for d in reader.take(100) for r in d.records)
     got = {r.prompt_id: r for r in collector.batch()}

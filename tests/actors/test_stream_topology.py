@@ -1,0 +1,48 @@
+"""The running fleet against the declared stream topology (services/topology.py), on real parts: an embedded
+Redis server, local Ray, the rollout worker (HF engine) and math-verify verifier actors, the coordinator's
+RolloutClient, an untrained tiny policy. After a step, Redis holds exactly the declared streams of the run, each
+with only its declared group, which has taken entries, and whose consumers are all members of the declared role."""
+
+from __future__ import annotations
+
+import pytest
+
+from pcl.config import load_config
+
+pytestmark = [pytest.mark.ray, pytest.mark.redis]
+
+
+def test_the_fleet_uses_exactly_the_declared_streams_groups_and_consumer_roles(untrained_tiny, tmp_path):
+    import ray
+
+    from entrypoints.probe_batch import start_generation_fleet
+    from entrypoints.train import prepare, start_ray
+    from services.redis_server import start_embedded
+    from services.rollout_client import RolloutClient
+    from services.topology import STREAMS, stream_key
+
+    run = "topology"
+    cfg = load_config("configs/tiny.yaml", [
+        f"model.path={untrained_tiny}", f"value.path={untrained_tiny}", "selection.type=uniform", f"run.name={run}",
+        "run.m=4", "run.n=2", "data.tiny_size=256", "data.eval_source=null", "control.enabled=false"])
+    prep = prepare(cfg, str(tmp_path / "run"), None)
+    with start_embedded(tmp_path / "redis", appendonly=False) as redis_server:
+        own_ray, actors = start_ray(), []
+        try:
+            actors = start_generation_fleet(cfg, prep, redis_server.url)
+            samples = RolloutClient(cfg, redis_server.url).generate(1, 0, prep.train_prompts[:4], 2)
+            assert len(samples) == 8
+            client = redis_server.client()
+            streams = {key.decode() for key in client.scan_iter(match=f"pcl:{run}:*", _type="stream")}
+            assert streams == {stream_key(run, s.name) for s in STREAMS}  # nothing dead-lettered, nothing else
+            for s in STREAMS:
+                key = stream_key(run, s.name)
+                [group] = client.xinfo_groups(key)
+                assert group["name"].decode() == s.group and group["last-delivered-id"] != b"0-0", (s, group)
+                consumers = {c["name"].decode() for c in client.xinfo_consumers(key, s.group)}
+                assert consumers and {name.split("-")[0] for name in consumers} == {s.consumer}, (s, consumers)
+        finally:
+            for actor in actors:
+                ray.kill(actor, no_restart=True)
+            if own_ray:
+                ray.shutdown()
