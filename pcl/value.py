@@ -130,7 +130,8 @@ class ValueModel(torch.nn.Module):
         last = width - 1 - attention_mask.flip(-1).argmax(-1)  # [B] column of the last real token
         rows = torch.arange(hidden.shape[0], device=hidden.device)
         prompt_state = hidden[rows, last].float()  # [B, H]
-        return torch.sigmoid(self.head(prompt_state)).squeeze(-1)  # [B]
+        # sigmoid last, so the output is a new tensor, not a view (FSDP2 hooks its root's outputs for backward).
+        return torch.sigmoid(self.head(prompt_state).squeeze(-1))  # [B]
 
 
 def resolve_score_dtype(score_dtype: str | None, device: torch.device) -> torch.dtype | None:
