@@ -142,7 +142,8 @@ class Plan:
             lines.append(f"{role.name:<15}{role.count * role.gpus_each:>6g}{cells}"
                          f"{role.total / GB:>9.1f}{role.budget / GB:>9.1f}")
         lines += [f"  {note}" for note in self.notes]
-        lines.append("fits" if not self.shortfalls else "does not fit:\n" + "\n".join(f"  {s}" for s in self.shortfalls))
+        problems = "\n".join(f"  {s}" for s in self.shortfalls)
+        lines.append(f"does not fit:\n{problems}" if self.shortfalls else "fits")
         return "\n".join(lines)
 
 

@@ -155,9 +155,10 @@ class ShardedValueTrainer(ValueTrainer):
         if self.rank == 0:
             names = self._names()
             model_state = dict(state["model"])
+            entries = state["optimizer"]["state"].items()
             optimizer_state = {
                 "state": {names[int(i)]: {k: v.clone() if torch.is_tensor(v) and v.dim() == 0 else v
-                                          for k, v in entry.items()} for i, entry in state["optimizer"]["state"].items()},
+                                          for k, v in entry.items()} for i, entry in entries},
                 "param_groups": [{**group, "params": [names[int(i)] for i in group["params"]]}
                                  for group in state["optimizer"]["param_groups"]]}
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)

@@ -15,9 +15,9 @@ PROMPTS = [[4, 5, 6], [7, 8, 9, 10, 11, 12, 13], [5], [6, 6, 6, 6, 6], [20, 21, 
 TARGETS = [0.1, 0.9, 0.5, 0.0, 1.0, 0.25]
 # sum_i (0.5 - p_i)^2 = 0.16 + 0.16 + 0 + 0.25 + 0.25 + 0.0625: the loss of the zero-initialised head.
 INITIAL_LOSS = 0.8825
-# |V_bf16(x) - V_fp32(x)| on the tiny model: the backbone's hidden state in bfloat16 (8 mantissa bits) moves the
-# float32 head's logit by ~1e-2 at most, and V (a sigmoid) by a quarter of that.
-BF16_SCORE_TOLERANCE = 5e-3
+# |V_bf16(x) - V_fp32(x)| on the tiny model with the randomised head: 4.1e-3 at most before the first step, 1.7e-3
+# after it (the backbone in bfloat16, 8 mantissa bits; the head and the sigmoid in float32).
+BF16_SCORE_TOLERANCE = 1e-2
 
 
 @pytest.fixture(autouse=True, scope="module")
