@@ -145,12 +145,14 @@ def resolve_score_dtype(score_dtype: str | None, device: torch.device) -> torch.
 
 
 def score_copy(model: ValueModel, dtype: torch.dtype) -> ValueModel:
-    """An unsharded copy of `model` for scoring: the backbone in `dtype`, the head float32 (see ValueModel)."""
-    duplicate = copy.deepcopy(model)
-    duplicate.backbone.to(dtype)
-    for parameter in duplicate.parameters():
-        parameter.requires_grad_(False)
-    return duplicate.eval()
+    """An unsharded copy of `model` for scoring: the backbone in `dtype`, the head float32 (see ValueModel).
+
+    Each parameter is cast as it is copied, so building a bfloat16 copy never holds a second float32 model."""
+    memo = {}  # deepcopy takes these for the parameters (tied ones stay tied) instead of copying them whole
+    for name, parameter in model.named_parameters():
+        cast = parameter.detach().to(dtype if name.startswith("backbone.") else torch.float32, copy=True)
+        memo[id(parameter)] = torch.nn.Parameter(cast, requires_grad=False)
+    return copy.deepcopy(model, memo).eval()
 
 
 class ValueTrainer:

@@ -243,3 +243,14 @@ def test_a_bfloat16_scoring_copy_is_refreshed_after_each_step_and_close_to_float
 def test_auto_scores_with_the_float32_weights_on_cpu(value_model):
     trainer = ValueTrainer(value_model, lr=1e-3, score_dtype="auto")
     assert trainer.scorer is None and trainer.scoring_model is value_model
+
+
+def test_the_scoring_copy_shares_no_memory_with_the_trained_weights(value_model):
+    from pcl.value import score_copy
+
+    for dtype in (torch.bfloat16, torch.float32):
+        duplicate = score_copy(value_model, dtype)
+        trained = {p.untyped_storage().data_ptr() for p in value_model.parameters()}
+        assert not trained & {p.untyped_storage().data_ptr() for p in duplicate.parameters()}
+        assert duplicate.head.weight.dtype == torch.float32 and duplicate.backbone.dtype == dtype
+        assert not any(p.requires_grad for p in duplicate.parameters())
