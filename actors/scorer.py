@@ -1,68 +1,162 @@
-"""ValueScorer actor: the value model V (DESIGN 1.2 and 1.8).
+"""ValueScorer actor: the value model V (DESIGN 1.2 and 1.8), over `value.num_ranks` processes.
 
 Scores the k*m candidates each step in batches (prompt-only forward pass) and trains on the m selected
-prompts' realised pass rates once their rewards are in, with its own optimizer. A thin wrapper over
-`pcl.value.ValueTrainer`.
+prompts' realised pass rates once their rewards are in, with its own optimizer. With one rank it is a thin
+wrapper over `pcl.value.ValueTrainer`; with N > 1 this actor is rank 0 of an FSDP2 group
+(`pcl.value_sharded.ShardedValueTrainer`) and starts the N-1 other ranks (`ValueRank`, each with the same GPUs
+and resources). It splits each call's prompts into N shares and runs its own share while the others run theirs:
+scoring is local to each rank (its scoring copy), a training step is collective.
 
 Ray restarts it when its process dies; the restarted scorer takes V (weights, optimizer, RNG) from the run's
-newest complete checkpoint, so V loses at most the steps since then, and the call in flight is retried.
+newest complete checkpoint, so V loses at most the steps since then, and the call in flight is retried. The
+other ranks belong to it: when one of them is lost mid-call, this actor ends its own process, so that the
+whole group restarts that way.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
 import time
 from typing import Any, Sequence
 
 import numpy as np
 import ray
 
-from actors.runtime import init_actor_process
+from actors.runtime import gather, init_actor_process
+from pcl.config import ValueModelConfig
+from pcl.engines.base import check_prompts
+
+log = logging.getLogger(__name__)
+
+
+def _build_trainer(cfg: ValueModelConfig, model_path: str, device: str, seed: int, rank: int, world_size: int,
+                   master: tuple[str, int] | None, timeout_s: float):
+    """This rank's trainer: an unsharded ValueTrainer for one rank, else a ShardedValueTrainer in a new process
+    group (NCCL on GPU, gloo on CPU) whose rank 0 listens at `master`."""
+    import torch
+
+    from pcl.value import ValueModel, ValueTrainer
+
+    torch.manual_seed(seed)
+    options = dict(grad_clip=cfg.grad_clip, batch_size=cfg.batch_size, score_dtype=cfg.score_dtype)
+    if world_size == 1:
+        return ValueTrainer(ValueModel.from_pretrained(model_path, dtype="float32", device=device), lr=cfg.lr,
+                            **options)
+    from pcl.learner import init_process_group
+    from pcl.value_sharded import ShardedValueTrainer
+
+    gpu = device.startswith("cuda")
+    init_process_group("nccl" if gpu else "gloo", f"tcp://{master[0]}:{master[1]}", rank, world_size, timeout_s)
+    where = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    model = ValueModel.from_pretrained(model_path, dtype="float32", device="cpu")  # sharded onto `where`
+    return ShardedValueTrainer(model, cfg.lr, device=where, rank=rank, world_size=world_size, **options)
+
+
+def _shares(items: Sequence, parts: int) -> list[list]:
+    """`items` in `parts` contiguous runs of near-equal length (the first ones longer by at most one)."""
+    bounds = np.linspace(0, len(items), parts + 1).round().astype(int)
+    return [list(items[bounds[i]:bounds[i + 1]]) for i in range(parts)]
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class ValueRank:
+    """Rank r >= 1 of a sharded V; started, called and owned by the ValueScorerActor (rank 0)."""
+
+    def __init__(self, threads: int = 1):
+        init_actor_process(threads)
+        self.trainer = None
+
+    def setup(self, cfg: ValueModelConfig, model_path: str, device: str, seed: int, rank: int, world_size: int,
+              master: tuple[str, int], timeout_s: float) -> bool:
+        self.trainer = _build_trainer(cfg, model_path, device, seed, rank, world_size, master, timeout_s)
+        return True
+
+    def call(self, method: str, *args) -> Any:
+        return getattr(self.trainer, method)(*args)
+
+    def ping(self) -> bool:
+        return True
 
 
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class ValueScorerActor:
-    def __init__(self, model_path: str, lr: float, grad_clip: float | None, batch_size: int, device: str,
-                 dtype: str, seed: int, threads: int = 1, checkpoints: str | None = None):
+    def __init__(self, cfg: ValueModelConfig, model_path: str, device: str, seed: int, threads: int = 1,
+                 checkpoints: str | None = None, num_gpus: float = 0.0, timeout_s: float = 1800.0):
         init_actor_process(threads)
-        import torch
-
-        from pcl.value import ValueModel, ValueTrainer
-
-        torch.manual_seed(seed)
-        model = ValueModel.from_pretrained(model_path, dtype=dtype, device=device)
-        self.trainer = ValueTrainer(model, lr=lr, grad_clip=grad_clip, batch_size=batch_size)
+        self.timeout_s, world_size = timeout_s, cfg.num_ranks
+        self.peers = [ValueRank.options(num_gpus=num_gpus, resources=cfg.resources or None).remote(threads)
+                      for _ in range(world_size - 1)]
+        master = None
+        if self.peers:
+            with socket.socket() as s:  # rank 0 (this process) hosts the process group's rendezvous
+                s.bind(("", 0))
+                master = (ray.util.get_node_ip_address(), s.getsockname()[1])
+        setups = [p.setup.remote(cfg, model_path, device, seed, r, world_size, master, timeout_s)
+                  for r, p in enumerate(self.peers, start=1)]
+        self.trainer = _build_trainer(cfg, model_path, device, seed, 0, world_size, master, timeout_s)
+        gather(setups, timeout_s, "value rank set-up")
         self.restored_from = None
         if checkpoints:  # a restart (or a resumed run's start): V as of the newest checkpoint
             from pcl.checkpoint import latest
 
             found = latest(checkpoints)
             if found is not None and (found / "value").is_dir():
-                self.trainer.load_checkpoint(found / "value")
+                self.load_checkpoint(str(found / "value"))
                 self.restored_from = str(found)
 
+    def _all(self, method: str, mine: tuple, theirs: list[tuple]) -> tuple[Any, list]:
+        """`method` on every rank: the other ranks' calls first (collectives need them), then this rank's."""
+        refs = [p.call.remote(method, *args) for p, args in zip(self.peers, theirs)]
+        try:
+            own = getattr(self.trainer, method)(*mine)
+            return own, gather(refs, self.timeout_s, f"value {method}")
+        except Exception:
+            if self._lost_peers():
+                log.error("value %s: a value rank was lost; restarting the value group from its checkpoint", method)
+                os._exit(1)  # Ray restarts this actor (and with it the group) and retries the call
+            raise
+
+    def _lost_peers(self) -> bool:
+        pings = [p.ping.remote() for p in self.peers]
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=10.0)
+        try:
+            return len(ready) < len(pings) or not all(ray.get(ready))
+        except ray.exceptions.RayError:
+            return True
+
     def score(self, prompt_token_ids: Sequence[Sequence[int]]) -> np.ndarray:
-        """[len(prompts)] predicted pass rates in [0, 1]."""
-        return self.trainer.score([list(p) for p in prompt_token_ids])
+        """[len(prompts)] predicted pass rates in [0, 1]; each rank scores a contiguous share."""
+        prompts = [list(p) for p in prompt_token_ids]
+        check_prompts(prompts, self.trainer.model.vocab_size)  # here, so a message's index is the caller's
+        shares = _shares(prompts, 1 + len(self.peers))
+        own, theirs = self._all("score", (shares[0],), [(s,) for s in shares[1:]])
+        return np.concatenate([own, *theirs]) if theirs else own
 
     def train(self, prompt_token_ids: Sequence[Sequence[int]], pass_rates: Sequence[float]) -> dict[str, float]:
         """One optimizer step on sum_i (V(x_i) - p_i)^2 over the selected prompts."""
         start = time.perf_counter()
-        stats = self.trainer.train_step([list(p) for p in prompt_token_ids], np.asarray(pass_rates, dtype=np.float64))
+        parts, prompts = 1 + len(self.peers), [list(p) for p in prompt_token_ids]
+        if parts > 1:  # checked whole here, so that a message names the caller's index and no rank starts
+            self.trainer._check_targets(prompts, pass_rates)
+        prompts, rates = _shares(prompts, parts), _shares(np.asarray(pass_rates, dtype=np.float64), parts)
+        stats, _ = self._all("train_step", (prompts[0], rates[0]), list(zip(prompts[1:], rates[1:])))
         stats = {f"value_{k}": float(v) for k, v in stats.items()}
         stats["value_train_seconds"] = time.perf_counter() - start
         return stats
 
     def state_dict(self) -> dict[str, Any]:
-        return self.trainer.state_dict()
+        return self._all("state_dict", (), [()] * len(self.peers))[0]
 
     def save_checkpoint(self, directory: str) -> None:
-        self.trainer.save_checkpoint(directory)
+        self._all("save_checkpoint", (directory,), [(directory,)] * len(self.peers))
 
     def load_checkpoint(self, directory: str) -> None:
-        self.trainer.load_checkpoint(directory)
+        self._all("load_checkpoint", (directory,), [(directory,)] * len(self.peers))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.trainer.load_state_dict(state)
+        self._all("load_state_dict", (state,), [({},)] * len(self.peers))
 
     def ping(self) -> bool:
         return True

@@ -12,7 +12,8 @@ length responses. Each check uses the product's own classes:
   engine      pcl.engines.hf.HFEngine.generate: prompts x n samples, generated tokens per second
   learner     pcl.learner.PolicyLearner on a 1-rank NCCL (gloo on CPU) process group, FSDP2: one optimizer step
               over a batch of prompt + response sequences, trained tokens per second and the gradient norm
-  value       pcl.value.ValueModel + ValueTrainer: scoring k*m prompts and one training step on m
+  value       pcl.value.ValueModel + ValueTrainer: scoring k*m prompts in float32 and with the bfloat16 scoring
+              copy (value.score_dtype; the ratio of the two times), one training step on m, the copy's refresh
   weight sync PolicyLearner.full_state_dict (the gather) + HFEngine.load_weights (the copy in), seconds
 
 The last line ends with the engine's generated tokens per second.
@@ -117,27 +118,45 @@ def check_learner(path: Path, device: str, dtype: str, sizes: tuple) -> tuple[di
             "loss": stats["loss"]}, learner
 
 
-def check_value(path: Path, device: str, sizes: tuple) -> dict:
-    from pcl.value import ValueModel, ValueTrainer
-
-    m, k, prompt_len = sizes
-    model = ValueModel.from_pretrained(str(path), dtype="float32", device=device)
-    trainer = ValueTrainer(model, lr=1e-6, batch_size=64)
-    candidates = random_prompts(k * m, prompt_len, model.vocab_size, seed=4)
+def _timed_score(trainer, candidates: list, device: str):
     trainer.score(candidates[:2])  # warm-up
     synchronize(device)
     start = time.perf_counter()
     values = trainer.score(candidates)
     synchronize(device)
-    score_seconds = time.perf_counter() - start
+    return values, time.perf_counter() - start
+
+
+def check_value(path: Path, device: str, sizes: tuple) -> dict:
+    """Scoring k*m prompts with the float32 weights and with a bfloat16 copy (value.score_dtype), one training
+    step on m (which refreshes the copy), and the refresh alone."""
+    from pcl.value import ValueModel, ValueTrainer
+
+    m, k, prompt_len = sizes
+    model = ValueModel.from_pretrained(str(path), dtype="float32", device=device)
+    with torch.no_grad():  # a random head (logits of about unit spread), so that the two dtypes' values can differ
+        width = model.head.weight.shape[1]
+        generator = torch.Generator().manual_seed(5)
+        model.head.weight.copy_(torch.randn(model.head.weight.shape, generator=generator) / width ** 0.5)
+    exact = ValueTrainer(model, lr=1e-6, batch_size=64)  # scores with the float32 weights
+    trainer = ValueTrainer(model, lr=1e-6, batch_size=64, score_dtype="bfloat16")
+    candidates = random_prompts(k * m, prompt_len, model.vocab_size, seed=4)
+    values, score_seconds = _timed_score(exact, candidates, device)
+    values_bf16, score_seconds_bf16 = _timed_score(trainer, candidates, device)
     start = time.perf_counter()
     stats = trainer.train_step(candidates[:m], [0.5] * m)
     synchronize(device)
     train_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    trainer.refresh_scorer()
+    synchronize(device)
+    refresh_seconds = time.perf_counter() - start
     assert values.shape == (k * m,) and ((values >= 0) & (values <= 1)).all(), "value: scores outside [0, 1]"
     return {"candidates": k * m, "selected": m, "prompt_tokens": prompt_len, "score_seconds": score_seconds,
-            "scored_prompts_per_second": k * m / score_seconds, "train_seconds": train_seconds,
-            "loss": stats.get("loss")}
+            "scored_prompts_per_second": k * m / score_seconds, "score_seconds_bf16": score_seconds_bf16,
+            "bf16_speedup": score_seconds / score_seconds_bf16,
+            "bf16_max_gap": float(abs(values_bf16 - values).max()), "train_seconds": train_seconds,
+            "refresh_seconds": refresh_seconds, "loss": stats.get("loss")}
 
 
 def check_weight_sync(learner, engine, device: str) -> dict:
@@ -193,7 +212,9 @@ def print_report(r: dict) -> None:
           f"{lr['micro_batch_size']}: {lr['seconds']:.2f} s, {lr['tokens_per_second']:,.0f} tokens/s, "
           f"grad norm {lr['grad_norm']:.3f}")
     print(f"  value        scored {v['candidates']} prompts in {v['score_seconds']:.3f} s "
-          f"({v['scored_prompts_per_second']:,.0f}/s); one step on {v['selected']} in {v['train_seconds']:.3f} s")
+          f"({v['scored_prompts_per_second']:,.0f}/s) in float32, {v['score_seconds_bf16']:.3f} s with the bfloat16 "
+          f"copy: x{v['bf16_speedup']:.2f}, values within {v['bf16_max_gap']:.1e}; one step on {v['selected']} "
+          f"in {v['train_seconds']:.3f} s (copy refresh {v['refresh_seconds']:.3f} s)")
     print(f"  weight sync  {w['tensors']} tensors, {w['bytes'] / 1e6:.1f} MB: gather {w['gather_seconds']:.3f} s "
           f"+ load {w['load_seconds']:.3f} s = {w['seconds']:.3f} s")
     print(f"engine generated tokens per second: {e['tokens_per_second']:.0f}")

@@ -13,6 +13,8 @@
              [--temperature 0.6 --top-p 0.95 --top-k 20] [--template qwen_base] [--engine auto|hf|vllm]
                                                            avg@k per benchmark: a table, eval.json, eval.md
     pcl export RUN_DIR|CHECKPOINT|MODEL_DIR --out DIR       the policy in Hugging Face format
+    pcl plan CONFIG [MORE.yaml ...] [--nodes N] [--gpus-per-node G] [--gpu-memory GB] [--headroom F] [key=value ...]
+                                                           GPU memory per GPU of each role; exit 1 if it cannot fit
 """
 
 from __future__ import annotations
@@ -135,6 +137,22 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
     print(dump_config(redacted(load_config(*_config_files(args)))), end="")  # the token and passwords hidden
     return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from pcl.config import ConfigError, load_config
+    from pcl.plan import PlanError, plan_run
+
+    files, overrides = _config_files(args)
+    flags = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu_memory_gb": args.gpu_memory,
+             "headroom": args.headroom}  # the flags win over the config's cluster section
+    cfg = load_config(files, overrides + [f"cluster.{k}={v}" for k, v in flags.items() if v is not None])
+    try:
+        plan = plan_run(cfg)
+    except PlanError as exc:
+        raise ConfigError(str(exc)) from None
+    print(plan.table())
+    return 1 if plan.shortfalls else 0
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
@@ -305,6 +323,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "Hugging Face model directory")
     p.add_argument("--out", required=True, help="an empty or new directory")
     p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("plan", help="GPU memory per GPU (policy, V, optimizer states, KV cache) of a config on a "
+                       "cluster; exits 1 naming the shortfall when it cannot fit")
+    p.add_argument("config", help="YAML run config, e.g. configs/presets/qwen3-8b-base-math.yaml")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. value.num_ranks=4")
+    p.add_argument("--nodes", type=int, help="nodes (default: cluster.nodes of the config)")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: cluster.gpus_per_node)")
+    p.add_argument("--gpu-memory", type=float, metavar="GB", help="memory of one GPU in GB (default: "
+                   "cluster.gpu_memory_gb)")
+    p.add_argument("--headroom", type=float, help="share of each learner / value GPU kept free for activations "
+                   "(default: cluster.headroom)")
+    p.set_defaults(func=_cmd_plan)
 
     p = sub.add_parser("config", help="print the resolved config (file + overrides) as YAML")
     p.add_argument("config")

@@ -60,11 +60,10 @@ def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
     h["sampler"] = PromptSamplerActor.options(scheduling_strategy=here).remote(prep.train_prompts, seed)
     h["scorer"] = None
     if make_strategy(cfg.selection, cfg.run.m, seed, n=cfg.run.n).needs_values:
-        h["scorer"] = ValueScorerActor.options(num_gpus=cfg.learner.num_gpus_per_rank,
-                                               resources=cfg.value.resources or None).remote(
-            prep.value_path, cfg.value.lr, cfg.value.grad_clip, cfg.value.batch_size,
-            "cuda" if cfg.learner.num_gpus_per_rank > 0 else "cpu", "float32", seed,
-            checkpoints=str(prep.run_dir / "checkpoints"))
+        gpus = cfg.learner.num_gpus_per_rank  # every V rank: one learner rank's GPUs
+        h["scorer"] = ValueScorerActor.options(num_gpus=gpus, resources=cfg.value.resources or None).remote(
+            cfg.value, prep.value_path, "cuda" if gpus > 0 else "cpu", seed,
+            checkpoints=str(prep.run_dir / "checkpoints"), num_gpus=gpus, timeout_s=cfg.learner.timeout_s)
     publish_answers(redis_url, run, prep.answers)
     h["verifiers"] = [RewardVerifier.options(resources=cfg.verifier.resources or None).remote(
         cfg.verifier, cfg.redis, cfg.run, redis_url, i) for i in range(cfg.verifier.num_workers)]

@@ -86,6 +86,12 @@ class ValueModelConfig(Section):
     lr: float = Field(1e-6, gt=0, le=1, description="Value-model learning rate (the paper: 1e-6).")
     batch_size: int = Field(64, ge=1, description="Prompts per forward pass when scoring candidates.")
     grad_clip: float | None = Field(1.0, gt=0)
+    num_ranks: int = Field(1, ge=1, description="Processes V is sharded over with FSDP2 (each takes "
+                           "learner.num_gpus_per_rank GPUs; NCCL on GPU, gloo on CPU); 1: one unsharded V. V "
+                           "trains in float32 with AdamW, ~16 bytes per parameter: `pcl plan` says how many fit.")
+    score_dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="dtype of the copy of V "
+                                                               "that scores candidates, refreshed after each V "
+                                                               "step; auto: bfloat16 on GPU, float32 on CPU.")
     ev_sample: int = Field(32, ge=0, description="Unfiltered candidates rolled out each step to measure V's explained variance.")
     resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each value scorer needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
 
@@ -307,6 +313,16 @@ class LoggingConfig(Section):
         return unique if "jsonl" in unique else ["jsonl", *unique]
 
 
+class ClusterConfig(Section):
+    """The cluster `pcl plan` checks a run's GPU memory against (nothing else reads it)."""
+
+    nodes: int = Field(1, ge=1, description="Nodes.")
+    gpus_per_node: int = Field(8, ge=1, description="GPUs per node.")
+    gpu_memory_gb: float = Field(80.0, gt=0, description="Memory of one GPU, in GB (10^9 bytes).")
+    headroom: float = Field(0.1, ge=0, lt=1, description="Share of every learner and value GPU kept free for what "
+                            "the plan does not count: activations, the CUDA context, allocator fragmentation.")
+
+
 class Config(Section):
     run: RunConfig = RunConfig()
     data: DataConfig = DataConfig()
@@ -322,6 +338,7 @@ class Config(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     logging: LoggingConfig = LoggingConfig()
+    cluster: ClusterConfig = ClusterConfig()
 
 
 # ---------------------------------------------------------------------------------------------------------

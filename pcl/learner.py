@@ -34,6 +34,7 @@ import torch.distributed as dist
 from pcl.checkpoint import load_tensors
 from pcl.config import OptimizerConfig
 from pcl.rl import policy_gradient_loss, token_logprobs
+from pcl.sharding import agree, shard_by_layer, total_norm
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _PAD_ID = 0  # any valid id: padded positions are masked out of attention and loss
@@ -181,30 +182,10 @@ class PolicyLearner:
         self.steps = 0
 
     def _shard(self, mesh, mp_policy) -> None:
-        """fully_shard each decoder layer (one all-gather / reduce-scatter group each), then the root."""
-        from torch.distributed.fsdp import FSDPModule, fully_shard
-
-        layer_classes = set(getattr(self.model, "_no_split_modules", None) or [])
-        layers = [m for m in self.model.modules() if type(m).__name__ in layer_classes]
-        if not layers:
-            raise ValueError(f"model {type(self.model).__name__}: no decoder layers found to shard "
-                             f"(looked for {sorted(layer_classes)})")
-        options = {"mesh": mesh, "mp_policy": mp_policy, "reshard_after_forward": self.reshard_after_forward}
-        for layer in layers:
-            fully_shard(layer, **options)
-        fully_shard(self.model, **options)
-        for module in self.model.modules():
-            if isinstance(module, FSDPModule):
-                # FSDP2 averages gradients over ranks by default; our per-rank losses are already divided
-                # by the global sequence count, so the *sum* is the batch gradient. Divide factor 1 with
-                # plain SUM collectives (gloo rejects the PREMUL_SUM op a bare factor of 1 would use).
-                module.set_gradient_divide_factor(1.0)
-                module.set_force_sum_reduction_for_comms(True)
+        shard_by_layer(self.model, mesh, mp_policy, self.reshard_after_forward)
 
     def _agree(self, values: list[float], op: dist.ReduceOp) -> list[float]:
-        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor, op=op)
-        return tensor.tolist()
+        return agree(values, op, self.device)
 
     def train_step(self, sequences: Sequence[dict], num_sequences: int) -> dict[str, float]:
         """One optimizer step on this rank's share of the step's batch (DESIGN 1.7).
@@ -268,8 +249,7 @@ class PolicyLearner:
         # With DTensor gradients the norm is reduced over the mesh; an infinite max_norm only measures.
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                               max_norm=math.inf if max_norm is None else max_norm)
-        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-        return float(norm)
+        return total_norm(norm)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The policy's full weights (HF names, CPU, in `dtype`) on rank 0; {} on the other ranks.

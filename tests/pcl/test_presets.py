@@ -43,6 +43,10 @@ def test_preset_has_the_papers_settings(path):
         assert ev.suite == ["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"]
         assert (ev.every, ev.best_by, ev.top_k) == (20, "average", -1)
     assert ev.keep_best
+    # The wall-clock budget: 2 days, 3 for the largest model on the larger training set.
+    days = 3 if (model, dataset) == ("qwen3-8b-base", "deepscaler") else 2
+    assert cfg.run.time_budget_s == days * 24 * 3600
+    assert cfg.value.score_dtype == "auto" and cfg.value.num_ranks == {"qwen3-4b-base": 2, "qwen3-8b-base": 4}.get(model, 1)
 
 
 def test_best_by_must_name_average_or_a_benchmark_of_the_suite(tmp_path):

@@ -15,6 +15,9 @@ PROMPTS = [[4, 5, 6], [7, 8, 9, 10, 11, 12, 13], [5], [6, 6, 6, 6, 6], [20, 21, 
 TARGETS = [0.1, 0.9, 0.5, 0.0, 1.0, 0.25]
 # sum_i (0.5 - p_i)^2 = 0.16 + 0.16 + 0 + 0.25 + 0.25 + 0.0625: the loss of the zero-initialised head.
 INITIAL_LOSS = 0.8825
+# |V_bf16(x) - V_fp32(x)| on the tiny model with the randomised head: 4.1e-3 at most before the first step, 1.7e-3
+# after it (the backbone in bfloat16, 8 mantissa bits; the head and the sigmoid in float32).
+BF16_SCORE_TOLERANCE = 1e-2
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -213,3 +216,41 @@ def test_encoder_backbone(tmp_path):
     alone = np.array([trainer.score([prompt])[0] for prompt in PROMPTS])
     np.testing.assert_allclose(batched, alone, atol=1e-5, rtol=0)
     assert trainer.train_step(PROMPTS, TARGETS)["loss"] > 0
+
+
+def test_a_bfloat16_scoring_copy_is_refreshed_after_each_step_and_close_to_float32(tiny_model_dir):
+    model = ValueModel.from_pretrained(tiny_model_dir)
+    randomise_head(model)
+    trainer = ValueTrainer(model, lr=3e-2, batch_size=4, score_dtype="bfloat16")
+    exact = ValueTrainer(model, lr=3e-2, batch_size=4)  # scores with the float32 weights themselves
+    assert trainer.scorer is not None and exact.scorer is None
+    for _ in range(2):
+        gap = np.abs(trainer.score(PROMPTS) - exact.score(PROMPTS)).max()
+        assert gap < BF16_SCORE_TOLERANCE, gap
+        trainer.train_step(PROMPTS, TARGETS)
+        for name, weight in trainer.model.named_parameters():  # the copy is the new weights, cast
+            copied = dict(trainer.scorer.named_parameters())[name]
+            expected_dtype = torch.float32 if name.startswith("head.") else torch.bfloat16
+            assert copied.dtype == expected_dtype and torch.equal(copied, weight.detach().to(expected_dtype)), name
+    state = {k: v.clone() for k, v in ValueTrainer(ValueModel.from_pretrained(tiny_model_dir), lr=1e-3)
+             .state_dict()["model"].items()}  # the initial weights: loading them refreshes the copy too
+    before = trainer.score(PROMPTS)
+    trainer.load_state_dict({"model": state, "optimizer": trainer.optimizer.state_dict(), "steps": 0})
+    after = trainer.score(PROMPTS)
+    assert not np.allclose(before, after) and np.allclose(after, 0.5, atol=1e-6)  # the zero head again
+
+
+def test_auto_scores_with_the_float32_weights_on_cpu(value_model):
+    trainer = ValueTrainer(value_model, lr=1e-3, score_dtype="auto")
+    assert trainer.scorer is None and trainer.scoring_model is value_model
+
+
+def test_the_scoring_copy_shares_no_memory_with_the_trained_weights(value_model):
+    from pcl.value import score_copy
+
+    for dtype in (torch.bfloat16, torch.float32):
+        duplicate = score_copy(value_model, dtype)
+        trained = {p.untyped_storage().data_ptr() for p in value_model.parameters()}
+        assert not trained & {p.untyped_storage().data_ptr() for p in duplicate.parameters()}
+        assert duplicate.head.weight.dtype == torch.float32 and duplicate.backbone.dtype == dtype
+        assert not any(p.requires_grad for p in duplicate.parameters())

@@ -1,0 +1,250 @@
+"""GPU memory of a run, per GPU, against a cluster shape: what `pcl plan CONFIG` prints and checks.
+
+    plan = plan_run(cfg)                     # cfg.cluster, or a ClusterConfig of its own
+    print(plan.table())
+    plan.shortfalls                          # [] when it fits, else one sentence per problem
+
+Counted, per GPU of each role:
+- policy learner (FSDP2 over learner.num_ranks): float32 master weights, float32 gradients and AdamW's two
+  float32 moments, 16 bytes per parameter over the ranks, plus the weights gathered for compute (model.dtype:
+  the root's embeddings / head and two decoder layers, or every layer with reshard_after_forward off);
+- value model (value.num_ranks): the same 16 bytes per parameter of V's backbone and head, plus the scoring
+  copy (value.score_dtype, whole on every rank; none for one float32 rank) and, sharded, float32 gathered layers;
+- rollout worker GPU (vLLM): its gpu_memory_utilization share, holding the model.dtype weights over
+  tensor_parallel_size GPUs and the KV cache in the rest, which must hold one max-length sequence
+  (data.max_prompt_tokens + rollout.max_new_tokens) and is reported in such sequences.
+Not counted: activations, the CUDA context and allocator fragmentation; `cluster.headroom` of every learner and
+value GPU is kept for them. GB here are 10^9 bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pcl.config import ClusterConfig, Config
+
+GB = 1e9
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+TRAIN_BYTES = 16  # float32 weights + gradients + AdamW exp_avg + exp_avg_sq
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of a Llama / Qwen-style decoder that fix its parameter count and KV cache."""
+
+    vocab: int
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    tied: bool  # input embeddings shared with the LM head
+    qk_norm: bool  # Qwen3: an RMSNorm over each head's queries and keys
+    source: str = ""
+
+    @property
+    def layer_params(self) -> int:
+        attention = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)  # q, k, v, o
+        norms = 2 * self.hidden + (2 * self.head_dim if self.qk_norm else 0)
+        return attention + 3 * self.hidden * self.intermediate + norms  # SwiGLU: gate, up, down
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def policy_params(self) -> int:
+        head = 0 if self.tied else self.embedding_params
+        return self.embedding_params + self.layers * self.layer_params + self.hidden + head
+
+    @property
+    def value_params(self) -> int:
+        """V: the backbone without the LM head, plus the scalar head (hidden + 1)."""
+        return self.embedding_params + self.layers * self.layer_params + self.hidden + self.hidden + 1
+
+    def kv_bytes_per_token(self, dtype_bytes: int) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
+
+
+def _hub(name: str) -> str:
+    return f"the config.json of huggingface.co/{name}"
+
+
+# The paper's models, for presets whose weights are not on this machine: the fields of each model's
+# config.json on the Hugging Face Hub. The counts they give (policy_params) match the model cards: Qwen3-1.7B
+# 1.7B (1.4B without embeddings), Qwen3-4B 4.0B (3.6B), Qwen3-8B 8.2B (6.95B), Llama-3.2-3B 3.21B.
+KNOWN_MODELS = {
+    "Qwen/Qwen3-1.7B-Base": ModelShape(151936, 2048, 28, 6144, 16, 8, 128, True, True, _hub("Qwen/Qwen3-1.7B-Base")),
+    "Qwen/Qwen3-4B-Base": ModelShape(151936, 2560, 36, 9728, 32, 8, 128, True, True, _hub("Qwen/Qwen3-4B-Base")),
+    "Qwen/Qwen3-8B-Base": ModelShape(151936, 4096, 36, 12288, 32, 8, 128, False, True, _hub("Qwen/Qwen3-8B-Base")),
+    "meta-llama/Llama-3.2-3B-Instruct": ModelShape(128256, 3072, 28, 8192, 24, 8, 128, True, False,
+                                                   _hub("meta-llama/Llama-3.2-3B-Instruct")),
+}
+
+
+class PlanError(ValueError):
+    """A model whose shape the plan cannot know."""
+
+
+def model_shape(path: str) -> ModelShape:
+    """The shape of `path`: its config.json when it is a local directory, else the built-in table."""
+    config_file = Path(path) / "config.json"
+    if config_file.is_file():
+        raw = json.loads(config_file.read_text())
+        raw = raw.get("text_config", raw)
+        heads = raw["num_attention_heads"]
+        return ModelShape(raw["vocab_size"], raw["hidden_size"], raw["num_hidden_layers"], raw["intermediate_size"],
+                          heads, raw.get("num_key_value_heads") or heads,
+                          raw.get("head_dim") or raw["hidden_size"] // heads, raw.get("tie_word_embeddings", True),
+                          raw.get("model_type") == "qwen3", str(config_file))
+    if path in KNOWN_MODELS:
+        return KNOWN_MODELS[path]
+    raise PlanError(f"model {path!r}: not a local directory with a config.json, nor one of the known models "
+                    f"{sorted(KNOWN_MODELS)}")
+
+
+@dataclass
+class Role:
+    """One kind of GPU in the run: `count` of them, each holding `parts` (name -> bytes) within `budget`."""
+
+    name: str
+    count: int
+    gpus_each: float
+    parts: dict[str, float]
+    budget: float
+    note: str = ""
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+
+@dataclass
+class Plan:
+    cluster: ClusterConfig
+    roles: list[Role] = field(default_factory=list)
+    shortfalls: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def table(self) -> str:
+        columns = ["weights", "grads", "optimizer", "gathered", "scoring copy", "KV cache"]
+        c = self.cluster
+        lines = [f"cluster: {c.nodes} x {c.gpus_per_node} GPUs of {c.gpu_memory_gb:g} GB "
+                 f"({c.headroom:.0%} of each learner / value GPU kept free)",
+                 f"{'GB per GPU':<15}{'GPUs':>6}" + "".join(f"{name:>13}" for name in columns)
+                 + f"{'total':>9}{'budget':>9}"]
+        for role in self.roles:
+            cells = "".join(f"{role.parts[n] / GB:>13.1f}" if n in role.parts else f"{'-':>13}" for n in columns)
+            lines.append(f"{role.name:<15}{role.count * role.gpus_each:>6g}{cells}"
+                         f"{role.total / GB:>9.1f}{role.budget / GB:>9.1f}")
+        lines += [f"  {note}" for note in self.notes]
+        problems = "\n".join(f"  {s}" for s in self.shortfalls)
+        lines.append(f"does not fit:\n{problems}" if self.shortfalls else "fits")
+        return "\n".join(lines)
+
+
+def _trained(params: int, ranks: int) -> dict[str, float]:
+    share = params / ranks
+    return {"weights": 4 * share, "grads": 4 * share, "optimizer": 8 * share}
+
+
+def _learner(cfg: Config, shape: ModelShape, gpu: float) -> Role:
+    ranks, compute = cfg.learner.num_ranks, BYTES[cfg.model.dtype]
+    parts = _trained(shape.policy_params, ranks)
+    if ranks > 1 or compute != 4:  # FSDP2 gathers (and casts) the weights it computes with
+        layers = shape.layers if not cfg.learner.reshard_after_forward else min(2, shape.layers)
+        root = shape.policy_params - shape.layers * shape.layer_params
+        parts["gathered"] = compute * (root + layers * shape.layer_params)
+    return Role("policy learner", ranks, cfg.learner.num_gpus_per_rank, parts, gpu * (1 - cfg.cluster.headroom))
+
+
+def _value(cfg: Config, shape: ModelShape, gpu: float) -> Role:
+    ranks = cfg.value.num_ranks
+    parts = _trained(shape.value_params, ranks)
+    score = cfg.value.score_dtype if cfg.value.score_dtype != "auto" else "bfloat16"  # auto on GPU
+    if ranks > 1 or score != "float32":
+        parts["scoring copy"] = BYTES[score] * shape.value_params
+    if ranks > 1:
+        root = shape.value_params - shape.layers * shape.layer_params
+        parts["gathered"] = 4 * (root + min(2, shape.layers) * shape.layer_params)
+    return Role("value model", ranks, cfg.learner.num_gpus_per_rank, parts, gpu * (1 - cfg.cluster.headroom))
+
+
+def _rollout(cfg: Config, shape: ModelShape, gpu: float) -> tuple[Role, int]:
+    """The rollout role and how many max-length sequences one worker's KV cache holds."""
+    r, dtype = cfg.rollout, BYTES[cfg.model.dtype]
+    tp = r.tensor_parallel_size
+    budget = r.gpu_memory_utilization * gpu
+    weights = dtype * shape.policy_params / tp
+    kv = max(0.0, budget - weights)
+    max_len = cfg.data.max_prompt_tokens + r.max_new_tokens
+    sequences = int(kv * tp // (shape.kv_bytes_per_token(dtype) * max_len))
+    role = Role("rollout (vLLM)", r.num_workers, r.num_gpus_per_worker, {"weights": weights, "KV cache": kv}, budget)
+    return role, sequences
+
+
+def _min_ranks(role_of, cfg: Config, shape: ModelShape, gpu: float, section: str) -> int | None:
+    for ranks in range(1, 257):
+        trial = cfg.model_copy(update={section: getattr(cfg, section).model_copy(update={"num_ranks": ranks})})
+        role = role_of(trial, shape, gpu)
+        if role.total <= role.budget:
+            return ranks
+    return None
+
+
+def plan_run(cfg: Config, cluster: ClusterConfig | None = None) -> Plan:
+    """Memory per GPU of every role of `cfg` on `cluster` (cfg.cluster when None), with the shortfalls."""
+    from pcl.strategies import make_strategy
+
+    cluster = cluster or cfg.cluster
+    cfg = cfg.model_copy(update={"cluster": cluster})
+    plan, gpu = Plan(cluster), cluster.gpu_memory_gb * GB
+    if not (cfg.learner.num_gpus_per_rank > 0 and cfg.rollout.num_gpus_per_worker > 0):
+        plan.notes.append("learner.num_gpus_per_rank or rollout.num_gpus_per_worker is 0: a CPU run, not checked")
+        return plan
+    policy = model_shape(cfg.model.path)
+    value = model_shape(cfg.value.path or cfg.model.path)
+    plan.notes.append(f"policy {cfg.model.path}: {policy.policy_params / 1e9:.2f}B parameters ({policy.source}); "
+                      f"V: {value.value_params / 1e9:.2f}B")
+    needs_value = make_strategy(cfg.selection, cfg.run.m, cfg.run.seed, n=cfg.run.n).needs_values
+    learner = _learner(cfg, policy, gpu)
+    plan.roles.append(learner)
+    if learner.total > learner.budget:
+        least = _min_ranks(_learner, cfg, policy, gpu, "learner")
+        plan.shortfalls.append(_short("policy learner", learner, cluster)
+                               + (f"; set learner.num_ranks >= {least}" if least else ""))
+    if needs_value:
+        role = _value(cfg, value, gpu)
+        plan.roles.append(role)
+        if role.total > role.budget:
+            least = _min_ranks(_value, cfg, value, gpu, "value")
+            plan.shortfalls.append(_short("V", role, cluster) + (f"; set value.num_ranks >= {least}" if least else
+                                   "; no value.num_ranks fits (the scoring copy is whole on every rank)"))
+    rollout, sequences = _rollout(cfg, policy, gpu)
+    plan.roles.append(rollout)
+    plan.notes.append(f"each rollout worker's KV cache holds {sequences} sequences of "
+                      f"{cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens} tokens")
+    if sequences < 1:
+        plan.shortfalls.append(f"rollout on {cfg.rollout.tensor_parallel_size} x {cluster.gpu_memory_gb:g} GB: "
+                               f"the {rollout.parts['weights'] / GB:.1f} GB of weights per GPU leave no KV cache "
+                               f"for one sequence in {rollout.budget / GB:.1f} GB (rollout.gpu_memory_utilization); "
+                               "raise it or rollout.tensor_parallel_size")
+    if cfg.rollout.tensor_parallel_size > cluster.gpus_per_node:
+        plan.shortfalls.append(f"rollout.tensor_parallel_size {cfg.rollout.tensor_parallel_size} exceeds the "
+                               f"{cluster.gpus_per_node} GPUs of a node")
+    wanted = math.ceil(sum(role.count * role.gpus_each for role in plan.roles) - 1e-9)
+    have = cluster.nodes * cluster.gpus_per_node
+    plan.notes.append(f"GPUs: {wanted} asked of {have}")
+    if wanted > have:
+        plan.shortfalls.append(f"the run asks for {wanted} GPUs, the cluster has {have} "
+                               f"({cluster.nodes} x {cluster.gpus_per_node}), short by {wanted - have}")
+    return plan
+
+
+def _short(what: str, role: Role, cluster: ClusterConfig) -> str:
+    return (f"{what} on {role.count} x {cluster.gpu_memory_gb:g} GB: needs {role.total / GB:.1f} GB per GPU, "
+            f"{role.budget / GB:.1f} GB usable, short by {(role.total - role.budget) / GB:.1f} GB")
