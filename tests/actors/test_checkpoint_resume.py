@@ -98,7 +98,7 @@ def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tmp_path, sele
         assert records[T]["speed_carried_in"] == straight_records[T]["speed_carried_in"] > 0
 
 
-@pytest.mark.slow  # tests/test_bad_input.py checks the same refusal in the default suite, without a run
+@pytest.mark.slow  # tests/entrypoints/test_bad_input.py checks the same refusal in the default suite, without a run
 def test_resume_on_a_dataset_edited_or_reordered_at_the_same_size_is_refused(tmp_path):
     """The checkpoint holds the fingerprint of the training set (ids, questions, answers, in order): one answer
     edited, or two rows swapped, at the same size, is refused by name before any actor starts; the same file

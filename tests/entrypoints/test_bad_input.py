@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Failing fast: a config, path, run-dir or checkpoint problem is found before any model loads (about 0.5 s on
 # an idle 2-core machine); data and Redis problems after loading the tiny model and task (about 5 s idle).
 # The limits leave room for a busy machine; training, or a hang, would take far longer.
