@@ -268,10 +268,11 @@ class CheckpointConfig(Section):
 
 
 class EvaluationConfig(Section):
-    """The paper's benchmarks (pcl eval's suite) evaluated through the rollout fleet during training."""
+    """The paper's benchmarks evaluated through the rollout fleet during training, and by `pcl eval` (which takes
+    every setting from here: `pcl.evaluation.eval_plan`)."""
 
     suite: list[Literal["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"]] = Field(
-        default_factory=list, description="Benchmarks evaluated every `every` steps; empty: none.")
+        default_factory=list, description="Benchmarks evaluated every `every` steps; empty: none (pcl eval: all six).")
     every: int = Field(0, ge=0, description="Evaluate the suite every N steps and at the end; 0: never.")
     k: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict, description="avg@k per benchmark; the "
                                                       "paper's for those not named (AIME, AMC 32; Minerva 4; others 1).")

@@ -1,23 +1,22 @@
 """The evaluation suite of the paper: avg@k on MATH500, AIME24, AIME25, AMC23, Minerva and OlympiadBench.
 
-    names = parse_suite("math500,aime24")                      # unknown names: ValueError listing the suite
-    ks = parse_k("aime24=8", names)                            # the paper's k for the others
-    suite = load_suite(names, tokenizer, template="qwen_base", root=eval_data_root(None), limit=None)
-    results = evaluate(engine, pool, suite, ks, sampling=PAPER_SAMPLING, max_new_tokens=3072)
+    plan = eval_plan(cfg)                                      # from a run config: its evaluation section
+    suite = load_suite(plan.names, tokenizer, cfg.data.template, root=eval_data_root(cfg.data.root), limit=None)
+    results = evaluate(engine, pool, suite, plan.ks, plan.sampling, plan.max_new_tokens)
     print(format_table(results)); write_reports(results, out_dir, meta)
 
 avg@k of a benchmark is the mean over its prompts of the mean reward of k samples (AIME24, AIME25 and AMC23:
 k=32; Minerva: 4; MATH500 and OlympiadBench: 1, as in the paper), decoded as the paper does (temperature 0.6,
 top_p 0.95, top_k 20) with its prompt template; a truncated response scores 0 (and is not sent to the verifier).
-Benchmarks are read from local copies under the data root (`--data-root`, else `PCL_DATA_ROOT`, else the
+Benchmarks are read from local copies under the data root (`data.root`, else `PCL_DATA_ROOT`, else the
 `shared/data` checkout beside the repository when there is one; a root whose files sit in a `math/` folder is
-followed into it), else from the Hugging Face hub. `pcl eval` runs the suite on a model; a training run runs the
-same suite every `evaluation.every` steps through its rollout fleet.
+followed into it), else from the Hugging Face hub. `pcl eval` runs the suite on a model (`eval_plan` reads what to
+run from the config's `evaluation` section); a training run runs the same suite every `evaluation.every` steps
+through its rollout fleet.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import sys
@@ -31,7 +30,6 @@ import numpy as np
 from pcl.datasets import KNOWN
 
 SUITE = ("math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench")
-PAPER_SAMPLING = {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # a data checkout beside the repository
 
 
@@ -64,13 +62,28 @@ def eval_data_root(given: str | None) -> str | None:
     return str(path)
 
 
-def pick_engine(name: str) -> str:
-    """'auto' -> 'vllm' when vllm is installed and a GPU is visible, else 'hf'; 'hf' and 'vllm' as given."""
-    if name != "auto":
-        return name
-    import torch
+@dataclass(frozen=True)
+class EvalPlan:
+    """What `pcl eval` runs: the benchmarks, k of each, the decoding and the response budget."""
 
-    return "vllm" if importlib.util.find_spec("vllm") is not None and torch.cuda.is_available() else "hf"
+    names: list[str]
+    ks: dict[str, int]
+    sampling: dict[str, float | int]  # temperature, top_p, top_k
+    max_new_tokens: int
+
+
+def eval_plan(cfg) -> EvalPlan:
+    """The plan of a run config (`pcl.config.Config`), every default its `evaluation` section's: the suite (all six
+    benchmarks when empty), k (the paper's for those not named), temperature, top_p, top_k, and max_new_tokens
+    (rollout.max_new_tokens when unset). A k of a benchmark not among the six: ValueError naming evaluation.k."""
+    ev = cfg.evaluation
+    names = list(ev.suite) or list(SUITE)
+    try:
+        ks = parse_k(dict(ev.k), names)
+    except ValueError as exc:
+        raise ValueError(f"evaluation.{exc}") from None
+    sampling = {"temperature": ev.temperature, "top_p": ev.top_p, "top_k": ev.top_k}
+    return EvalPlan(names, ks, sampling, ev.max_new_tokens or cfg.rollout.max_new_tokens)
 
 
 def default_out_dir(model: str, model_path: str) -> Path:
@@ -87,14 +100,6 @@ def default_out_dir(model: str, model_path: str) -> Path:
 
 def default_k(name: str) -> int:
     return KNOWN[name].k
-
-
-def parse_suite(text: str | list[str]) -> list[str]:
-    names = [n.strip().lower() for n in (text.split(",") if isinstance(text, str) else text) if n.strip()]
-    unknown = [n for n in names if n not in SUITE]
-    if unknown or not names:
-        raise ValueError(f"unknown benchmark(s) {unknown or text!r}; the suite has: {', '.join(SUITE)}")
-    return list(dict.fromkeys(names))
 
 
 def parse_k(text: str | int | dict | None, names: list[str]) -> dict[str, int]:

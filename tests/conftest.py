@@ -1,9 +1,17 @@
-"""Shared fixtures: tiny random Qwen3 checkpoints built locally.
+"""Shared fixtures, one of each (built locally, no network):
 
-`untrained_tiny` is the embedded default's policy shape (`pcl.tiny.build.policy_config`) with random weights and
-its tokenizer, for tests that run the pipeline without the warmed-up build. `tiny_model_dir` is a directory that `AutoModelForCausalLM`, `AutoModel` and `AutoTokenizer` load like
-any Hugging Face checkpoint: a 2-layer, width-64 Qwen3 with random weights (seeded) and a
-character-level tokenizer of 32 symbols. No network, built once per test session in well under a second.
+- `tiny_model` (session): the embedded default's warm-started tiny model (`pcl make-tiny`, seed 0), built on first
+  use into PCL_CACHE and reused; its path.
+- `untrained_tiny` (session): the same policy shape (`pcl.tiny.build.policy_config`) with random weights (seed 0)
+  and the tiny tokenizer, for tests that run the pipeline without the warmed-up build.
+- `tiny_model_dir` (session): a 2-layer, width-64 Qwen3 with random weights (seeded) and the tiny tokenizer, that
+  `AutoModelForCausalLM`, `AutoModel` and `AutoTokenizer` load like any Hugging Face checkpoint; built in well
+  under a second. Read-only for tests: copy it to modify it.
+- `ray_session` (session): local Ray, started once by `entrypoints.train.start_ray` (the runtime environment the
+  actors run with) and shut down at the end. Tests that use it run after all the others, so that Ray starts once
+  and the rest of the suite runs without it.
+
+The one tokenizer is the product's: `pcl.tiny.tokenizer.build_tokenizer()`.
 """
 
 from __future__ import annotations
@@ -13,30 +21,17 @@ from pathlib import Path
 import pytest
 import torch
 
-# Character-level vocabulary: three special tokens, then one token per symbol.
-TINY_SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
-TINY_SYMBOLS = list("0123456789+-*=? abcdefghijklm")
-TINY_PAD_ID, TINY_EOS_ID = 0, 1
+# Embedding rows of the random test model: more than the tokenizer's 18 tokens, as a Qwen3 embedding has more
+# rows than its tokenizer has tokens (151,936 for 151,669); ids past the tokenizer decode to nothing.
+TINY_VOCAB_SIZE = 32
 
 
-def build_tiny_tokenizer():
-    """A PreTrainedTokenizerFast that splits text into characters; <pad> = 0, <eos> = 1."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {token: index for index, token in enumerate(TINY_SPECIAL_TOKENS + TINY_SYMBOLS)}
-    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    backend.decoder = decoders.Fuse()  # characters join without separators
-    return PreTrainedTokenizerFast(
-        tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
-    )
-
-
-def build_tiny_qwen3(vocab_size: int, seed: int = 0, **shape):
+def build_tiny_qwen3(vocab_size: int = TINY_VOCAB_SIZE, seed: int = 0, **shape):
     """A random 2-layer Qwen3ForCausalLM, hidden 64, tied embeddings like the small Qwen3 models; `shape`
     overrides config fields (vLLM's CPU attention, for one, needs head_dim 32)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from pcl.tiny.tokenizer import BOS, EOS, PAD, VOCAB
 
     config = Qwen3Config(**{
         "vocab_size": vocab_size,
@@ -48,9 +43,9 @@ def build_tiny_qwen3(vocab_size: int, seed: int = 0, **shape):
         "head_dim": 16,
         "max_position_embeddings": 256,
         "tie_word_embeddings": True,
-        "pad_token_id": TINY_PAD_ID,
-        "eos_token_id": TINY_EOS_ID,
-        "bos_token_id": None,
+        "pad_token_id": VOCAB[PAD],
+        "eos_token_id": VOCAB[EOS],
+        "bos_token_id": VOCAB[BOS],
         **shape,
     })
     torch.manual_seed(seed)
@@ -61,23 +56,26 @@ def build_tiny_qwen3(vocab_size: int, seed: int = 0, **shape):
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """Directory of a saved tiny Qwen3 policy and its tokenizer (read-only for tests: copy to modify)."""
-    path = tmp_path_factory.mktemp("tiny_qwen3")
-    tokenizer = build_tiny_tokenizer()
-    model = build_tiny_qwen3(vocab_size=len(tokenizer))
-    model.generation_config.eos_token_id = TINY_EOS_ID
-    model.generation_config.pad_token_id = TINY_PAD_ID
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+def tiny_model() -> str:
+    """Path of the warm-started tiny model (built once into PCL_CACHE, then reused)."""
+    from pcl.tiny.build import build_tiny
+
+    return str(build_tiny(seed=0))
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """Directory of a saved tiny random Qwen3 policy and the tiny tokenizer (read-only for tests: copy to modify)."""
+    from pcl.tiny.tokenizer import build_tokenizer
 
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
+    path = tmp_path_factory.mktemp("tiny_qwen3")
+    tokenizer = build_tokenizer()
+    model = build_tiny_qwen3()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -94,3 +92,24 @@ def untrained_tiny(tmp_path_factory) -> Path:
     Qwen3ForCausalLM(policy_config(tok)).save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """Local Ray for the whole session (or the cluster in RAY_ADDRESS), with the actors' runtime environment."""
+    import ray
+
+    from entrypoints.train import start_ray
+
+    own = start_ray()
+    yield
+    if own:
+        ray.shutdown()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests on the Ray session run last (in their order): Ray starts once, and the others run without it."""
+    uses_ray = [item for item in items if "ray_session" in getattr(item, "fixturenames", ())]
+    if uses_ray:
+        others = [item for item in items if "ray_session" not in getattr(item, "fixturenames", ())]
+        items[:] = others + uses_ray

@@ -41,10 +41,7 @@ SPEED_CARRY = ("selection.type=speed", "selection.k=2", "selection.n_init=2", "s
 
 
 @pytest.mark.parametrize("selection", [(), pytest.param(SPEED_CARRY, marks=pytest.mark.slow)], ids=["pcl", "speed"])
-def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tmp_path, selection):
-    from pcl.tiny.build import build_tiny
-
-    build_tiny(seed=0)  # cached after the first build
+def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tiny_model, tmp_path, selection):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run = pcl_train(straight, *selection)
     out, _ = run.communicate(timeout=600)
@@ -98,15 +95,12 @@ def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tmp_path, sele
         assert records[T]["speed_carried_in"] == straight_records[T]["speed_carried_in"] > 0
 
 
-@pytest.mark.slow  # tests/test_bad_input.py checks the same refusal in the default suite, without a run
-def test_resume_on_a_dataset_edited_or_reordered_at_the_same_size_is_refused(tmp_path):
+@pytest.mark.slow  # tests/entrypoints/test_bad_input.py checks the same refusal in the default suite, without a run
+def test_resume_on_a_dataset_edited_or_reordered_at_the_same_size_is_refused(tiny_model, tmp_path):
     """The checkpoint holds the fingerprint of the training set (ids, questions, answers, in order): one answer
     edited, or two rows swapped, at the same size, is refused by name before any actor starts; the same file
     resumes."""
     from pcl.data import load_rows
-    from pcl.tiny.build import build_tiny
-
-    build_tiny(seed=0)
     rows = load_rows("tiny", size=64)
     data, run_dir = tmp_path / "train.jsonl", tmp_path / "run"
 

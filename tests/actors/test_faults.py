@@ -20,22 +20,8 @@ from pcl.config import load_config
 from tests.actors.faults import (FAST, TrainingThread, assert_each_step_once_and_exact_batches, checkpoint_written,
                                  embedded_redis_pid, sigkill, steps_logged, wait_until)
 
-pytestmark = [pytest.mark.ray, pytest.mark.redis, pytest.mark.slow]
+pytestmark = [pytest.mark.ray, pytest.mark.redis, pytest.mark.slow, pytest.mark.usefixtures("tiny_model")]
 STEPS = 6
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    from pcl.tiny.build import build_tiny
-    from entrypoints.train import start_ray
-
-    build_tiny(seed=0)
-    own = start_ray()
-    yield
-    if own:
-        ray.shutdown()
 
 
 def start(tmp_path, *extra: str) -> TrainingThread:

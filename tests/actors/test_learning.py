@@ -21,7 +21,7 @@ def run(tmp_path, name: str, overrides: list[str]) -> dict:
 
 
 @pytest.mark.timeout(1500)  # two runs of up to run.time_budget_s (540 s) each, plus start-up
-def test_tiny_default_learns_and_pcl_keeps_more_signal_than_grpo(tmp_path):
+def test_tiny_default_learns_and_pcl_keeps_more_signal_than_grpo(tiny_model, ray_session, tmp_path):
     pcl = run(tmp_path, "pcl", [])
     uniform = run(tmp_path, "uniform", ["selection.type=uniform"])
     print(f"\nPCL: {pcl}\nuniform: {uniform}")

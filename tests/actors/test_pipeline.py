@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.redis]
 
 
 
-def test_pcl_trains_end_to_end_and_records_every_step(untrained_tiny, tmp_path, capsys):
+def test_pcl_trains_end_to_end_and_records_every_step(untrained_tiny, ray_session, tmp_path, capsys):
     from entrypoints.train import run_training
 
     model = str(untrained_tiny)
@@ -66,7 +66,8 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
         run_training(cfg, run_dir=str(tmp_path / "run"))
 
 
-def test_the_evaluation_suite_runs_during_training_and_the_best_checkpoint_is_kept(untrained_tiny, tmp_path, capsys):
+def test_the_evaluation_suite_runs_during_training_and_the_best_checkpoint_is_kept(untrained_tiny, ray_session,
+                                                                                 tmp_path, capsys):
     """The paper's benchmarks (real MATH500 / AIME24 files, the first 3 prompts) evaluated through the fleet every 2
     steps with avg@k; the best suite average is checkpointed and kept beyond checkpoint.keep."""
     from pathlib import Path

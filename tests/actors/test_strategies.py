@@ -1,6 +1,6 @@
 """Every rollout-based selection strategy, and pipelined PCL, for a few steps on real parts: local Ray actors,
 an embedded Redis server, the HF engine, math-verify and the learner, on the warm-started tiny model (built
-by `pcl make-tiny`, cached; built here on first use). One Ray instance serves the whole module."""
+by `pcl make-tiny`, cached; built here on first use), on the session's Ray (tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -30,20 +30,8 @@ OWN_METRICS = {"prefilter": "prefilter_admitted_share", "dynamic_sampling": "dyn
                "pcl_pipelined": "tau"}
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    from entrypoints.train import start_ray
-
-    own = start_ray()
-    yield
-    if own:
-        ray.shutdown()
-
-
 @pytest.mark.parametrize("name", list(STRATEGIES))
-def test_strategy_trains_a_few_steps_end_to_end(name, ray_session, tmp_path):
+def test_strategy_trains_a_few_steps_end_to_end(name, tiny_model, ray_session, tmp_path):
     from entrypoints.train import run_training
 
     cfg = load_config("configs/tiny.yaml", [

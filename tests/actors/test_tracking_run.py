@@ -27,7 +27,8 @@ def one_value_per_step(stored: dict) -> dict:
     return {key: {step: values[0] for step, values in steps.items()} for key, steps in stored.items()}
 
 
-def test_trackers_hold_one_run_per_backend_through_a_resume(untrained_tiny, tmp_path, monkeypatch, capsys):
+def test_trackers_hold_one_run_per_backend_through_a_resume(untrained_tiny, ray_session, tmp_path, monkeypatch,
+                                                            capsys):
     from entrypoints.train import run_training
 
     read.offline_env(monkeypatch)

@@ -47,7 +47,7 @@ def own_actor_pids(class_name: str) -> list[int]:
 
 
 @pytest.mark.parametrize("route", ["rpc", "collective"])
-def test_three_steps_on_vllm_stay_on_policy(untrained_tiny, tmp_path, route):
+def test_three_steps_on_vllm_stay_on_policy(untrained_tiny, ray_session, tmp_path, route):
     from entrypoints.train import run_training
 
     model = str(untrained_tiny)
@@ -62,12 +62,10 @@ def test_three_steps_on_vllm_stay_on_policy(untrained_tiny, tmp_path, route):
 
 
 @pytest.mark.slow
-def test_tiny_default_on_vllm_learns(tmp_path):
+def test_tiny_default_on_vllm_learns(tiny_model, ray_session, tmp_path):
     """The learning bar of the embedded default (docs/results/tiny-demo.md) with vLLM generating."""
-    from pcl.tiny.build import build_tiny
     from entrypoints.train import run_training
 
-    build_tiny(seed=0)
     cfg = load_config("configs/tiny.yaml", [*VLLM, "control.port=0"])
     assert run_training(cfg, run_dir=str(tmp_path / "run")) == 0
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
@@ -80,11 +78,8 @@ def test_tiny_default_on_vllm_learns(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("route", ["rpc", "collective"])
-def test_a_killed_vllm_rollout_worker_is_restarted_with_the_current_weights(tmp_path, route):
+def test_a_killed_vllm_rollout_worker_is_restarted_with_the_current_weights(tiny_model, ray_session, tmp_path, route):
     """With the collective route the restarted worker takes the weights by rpc, and the group re-forms with it."""
-    from pcl.tiny.build import build_tiny
-
-    build_tiny(seed=0)
     steps = 4
     cfg = load_config("configs/tiny.yaml", [*FAST, *VLLM, f"run.steps={steps}", "rollout.max_in_flight=1",
                                             f"rollout.weight_sync={route}"])

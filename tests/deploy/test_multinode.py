@@ -34,10 +34,7 @@ RUN_NAME = "tiny"  # configs/tiny.yaml's run.name: the run's streams are pcl:tin
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    from pcl.tiny.build import build_tiny
-
-    build_tiny(seed=0)
+def cluster(tiny_model):
     c = LocalCluster.start({"head": 1})
     try:
         c.add_node("rollout", {"rollout": 2})

@@ -34,3 +34,12 @@ def test_config_command_prints_resolved_yaml():
     out = run("config", "configs/tiny.yaml", "selection.tau=0.25")
     assert out.returncode == 0, out.stderr
     assert "tau: 0.25" in out.stdout
+
+
+def test_eval_takes_the_config_and_overrides_and_its_help_names_the_keys():
+    out = run("eval", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "[CONFIG|key=value ...]" in out.stdout and "--out" in out.stdout
+    for key in ("model.path", "evaluation.suite", "evaluation.k", "evaluation.temperature", "rollout.engine"):
+        assert key in out.stdout, key
+    assert "--temperature" not in out.stdout and "--model" not in out.stdout  # no flag repeats a config default

@@ -66,7 +66,7 @@ def test_an_arm_without_a_strategy_is_an_error(tmp_path):
 @pytest.mark.ray
 @pytest.mark.redis
 @pytest.mark.slow
-def test_two_arms_run_and_the_report_has_its_table_and_plots(tmp_path, capsys):
+def test_two_arms_run_and_the_report_has_its_table_and_plots(tiny_model, ray_session, tmp_path, capsys):
     from entrypoints.cli import main
 
     exp = {

@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.redis]
 
 
 
-def test_probe_batch_prints_the_table_and_a_recommendation(untrained_tiny, capsys):
+def test_probe_batch_prints_the_table_and_a_recommendation(untrained_tiny, ray_session, capsys):
     code = main(["probe-batch", "configs/tiny.yaml", "--sizes", "16,32,64,128", "--repeats", "1",
                  f"model.path={untrained_tiny}", "data.tiny_size=256", "data.eval_source=null", "run.n=4",
                  "control.enabled=false"])

@@ -14,8 +14,9 @@ from pcl.config import RolloutConfig
 from pcl.engines import Engine, SamplingParams, make_engine
 from pcl.engines.hf import HFEngine
 from pcl.engines.vllm import pack_weights
+from pcl.tiny.tokenizer import EOS, VOCAB, build_tokenizer
 
-from tests.conftest import TINY_EOS_ID, build_tiny_tokenizer
+TINY_EOS_ID = VOCAB[EOS]
 
 QUESTIONS = ["1+2=", "13+4=", "7*8=", "99-9=", "3=", "12+34="]
 
@@ -37,7 +38,7 @@ def engine(tiny_model_dir) -> HFEngine:
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tokenizer()
     return [tokenizer(question).input_ids for question in QUESTIONS]
 
 
@@ -221,7 +222,7 @@ def test_vllm_engine_generates_and_loads_weights(tmp_path):
 
     from pcl.engines.vllm import VLLMEngine
 
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tokenizer()
     torch.manual_seed(0)
     config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=128, intermediate_size=256,
                          num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,

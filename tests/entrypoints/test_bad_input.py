@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Failing fast: a config, path, run-dir or checkpoint problem is found before any model loads (about 0.5 s on
 # an idle 2-core machine); data and Redis problems after loading the tiny model and task (about 5 s idle).
 # The limits leave room for a busy machine; training, or a hang, would take far longer.
@@ -63,13 +63,6 @@ def assert_clear_failure(result: Result, *needles: str, code: int = 2, one_line:
     for needle in needles:
         assert needle in message, (needle, message)
     return message
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    from pcl.tiny.build import build_tiny
-
-    return str(build_tiny(seed=0))
 
 
 @pytest.mark.parametrize("overrides, needles", [
@@ -135,7 +128,7 @@ def test_a_hub_model_name_that_cannot_be_loaded(tmp_path):
                          limit_s=LOADED_S)
 
 
-def test_redis_unreachable_at_start(tiny, tmp_path):
+def test_redis_unreachable_at_start(tiny_model, tmp_path):
     result = train("redis.url=redis://:s3cret@127.0.0.1:1/0", "--run-dir", str(tmp_path / "run"))
     assert_clear_failure(result, "cannot reach Redis at redis://:***@127.0.0.1:1/0", code=3, limit_s=LOADED_S)
     assert "s3cret" not in result.stdout + result.stderr  # the password is masked
@@ -144,13 +137,13 @@ def test_redis_unreachable_at_start(tiny, tmp_path):
     assert "s3cret" not in result.stdout + result.stderr
 
 
-def test_a_malformed_redis_url(tiny, tmp_path):
+def test_a_malformed_redis_url(tiny_model, tmp_path):
     result = train("redis.url=redis://:s3cret@127.0.0.1:port/0", "--run-dir", str(tmp_path / "run"))
     assert_clear_failure(result, "bad Redis URL redis://:***@127.0.0.1:port/0", code=3, limit_s=LOADED_S)
     assert "s3cret" not in result.stdout + result.stderr
 
 
-def test_bad_dataset_rows_are_skipped_and_counted(tiny, tmp_path):
+def test_bad_dataset_rows_are_skipped_and_counted(tiny_model, tmp_path):
     rows = [json.dumps({"problem": "1+1=", "answer": "2"}).encode(),
             json.dumps({"problem": "2+2=", "answer": None}).encode(),          # null answer
             json.dumps({"answer": "3"}).encode(),                               # no question
@@ -175,7 +168,7 @@ def test_bad_dataset_rows_are_skipped_and_counted(tiny, tmp_path):
             "1 too long, 3 unreadable") in summary[0]
 
 
-def test_a_dataset_with_no_usable_row_or_no_file(tiny, tmp_path):
+def test_a_dataset_with_no_usable_row_or_no_file(tiny_model, tmp_path):
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps({"question": "1+1=", "solution": "2"}) + "\n")
     result = train(f"data.source={data}", "data.id_field=null", "data.eval_source=null", "--run-dir",
@@ -217,7 +210,7 @@ def test_a_run_dir_that_is_a_file(tmp_path):
     assert_clear_failure(train("--run-dir", str(path)), f"run dir '{path}': cannot create it")
 
 
-def test_resume_with_a_config_that_does_not_fit_the_checkpoint(tiny, tmp_path):
+def test_resume_with_a_config_that_does_not_fit_the_checkpoint(tiny_model, tmp_path):
     from pcl import checkpoint as ckpt
     from pcl.config import dump_config, load_config
 
@@ -234,7 +227,7 @@ def test_resume_with_a_config_that_does_not_fit_the_checkpoint(tiny, tmp_path):
                          "4096 usable prompts; the checkpoint's had 999", one_line=False, limit_s=LOADED_S)
 
 
-def test_resume_on_data_edited_at_the_same_size_is_refused(tiny, tmp_path):
+def test_resume_on_data_edited_at_the_same_size_is_refused(tiny_model, tmp_path):
     """A checkpoint's data fingerprint against the training set now: an edited answer is named (the real run
     that writes the checkpoint is in tests/actors/test_checkpoint_resume.py)."""
     from pcl import checkpoint as ckpt

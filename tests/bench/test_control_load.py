@@ -12,7 +12,7 @@ import pytest
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.redis]
 
 
-def test_control_load_bench_reports_latencies_and_both_phases(tmp_path, capsys):
+def test_control_load_bench_reports_latencies_and_both_phases(tiny_model, ray_session, tmp_path, capsys):
     from bench import control_load
 
     out = tmp_path / "report.json"
