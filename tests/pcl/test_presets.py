@@ -1,4 +1,5 @@
-"""Every paper preset and every preset + baseline combination loads and validates, with the paper's numbers."""
+"""Every paper preset and every preset + baseline combination loads and validates, with the paper's numbers; the
+reproduction guide's `pcl train` commands (docs/reproduce.md) resolve to each preset and method once."""
 
 from __future__ import annotations
 
@@ -117,3 +118,39 @@ def test_a_selection_layer_without_a_type_refines_the_strategy_and_a_bad_one_is_
     scalar.write_text("selection: greso\n")
     with pytest.raises(ConfigError, match="scalar.yaml"):
         load_config([preset, scalar])
+
+
+def _reproduce_train_commands() -> list[list[str]]:
+    """The `pcl train` lines of docs/reproduce.md's shell blocks, with their P= and B= variables expanded."""
+    import re
+    import shlex
+
+    text = (REPO / "docs" / "reproduce.md").read_text()
+    commands, env = [], {}
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.splitlines():
+            line = line.split("#")[0].strip()
+            if m := re.fullmatch(r'([PB])=("?)(.*)\2', line):
+                env[m[1]] = m[3]
+            elif line.startswith("pcl train "):
+                words = shlex.split(re.sub(r"\$([PB])\b", lambda v: env[v[1]], line))
+                commands.append(words[2:])
+    return commands
+
+
+def test_every_table_1_command_in_the_reproduction_guide_resolves_to_its_arm_and_budget():
+    from entrypoints.cli import _config_files, build_parser
+
+    arms = {"uniform": "grpo", "prefilter": "prefilter", "dynamic_sampling": "ds", "speed": "speed",
+            "greso": "greso", "pcl": "pcl"}
+    seen = set()
+    for words in _reproduce_train_commands():
+        files, overrides = _config_files(build_parser().parse_args(["train", *words]))
+        cfg = load_config([REPO / f for f in files], overrides)
+        preset = Path(files[0]).stem
+        assert cfg.run.name == f"{preset}-{arms[cfg.selection.type]}", words
+        assert cfg.run.steps == 100000 and cfg.run.seed == 0
+        assert cfg.run.time_budget_s == (259200 if preset == "qwen3-8b-base-deepscaler" else 172800), words
+        seen.add((preset, cfg.selection.type))
+    assert seen == {(p.stem, arm) for p in PRESETS for arm in arms}  # 8 presets x 6 methods, each once
+    assert len(_reproduce_train_commands()) == len(seen) == 48
