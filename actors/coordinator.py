@@ -32,6 +32,7 @@ from pcl.batch import group_samples, training_sequences
 from pcl.config import Config, dump_config, redacted
 from pcl.data import PromptRecord
 from pcl.progress import write_progress
+from pcl.resume import resume_strategy
 from pcl.rl import effective_ratio, explained_variance
 from pcl.rounds import RoundLedger
 from pcl.runlog import METRICS_FILE, SELECTIONS_FILE, MetricsLog
@@ -168,7 +169,7 @@ class Coordinator:
                 if strategy.pipelined:
                     self.prefetch_candidates()  # the next step's, scored while this one generates
             with timer("generation_seconds"):  # 4-5. responses, verified
-                wanted = batch.ledger.reserve([(r.prompt, r.n) for r in rollouts] +
+                wanted = batch.ledger.reserve([(r.prompt, r.n, r.train) for r in rollouts] +
                                               [(p, self.cfg.run.n) for p in probe])
                 samples = self.rollouts.generate_rollouts(step, self.policy_version, wanted, on_wait=self.check_fleet)
             batch.ledger.add(samples)
@@ -302,7 +303,7 @@ class Coordinator:
         if self.scorer is not None and (path / "value").is_dir():
             self.get(self.scorer.load_checkpoint.remote(str(path / "value")))
         self.get(self.sampler.load_state_dict.remote(state["sampler"]))
-        self.strategy.load_state_dict(state["strategy"])
+        resume_strategy(self.strategy, state["strategy"], self.cfg.selection, path, int(state["step"]))  # pcl.resume
         self.rng.bit_generator.state = state["rng"]
         self.step, self.policy_version = int(state["step"]), int(state["policy_version"])
         self.elapsed_offset = float(state["elapsed_seconds"])
