@@ -152,9 +152,9 @@ def test_a_tau_given_with_resume_is_trained_with_and_said(tmp_path):
 
     first = train(1)
     assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
-    refused = train(2, "--resume", "selection.type=uniform")
+    refused = train(2, "--resume", "selection.type=dynamic_sampling")  # a type that takes FAST's selection.k
     assert refused.returncode != 0
-    assert "selection.type is 'uniform'; the checkpoint's run had 'pcl'" in refused.stdout + refused.stderr
+    assert "selection.type is 'dynamic_sampling'; the checkpoint's run had 'pcl'" in refused.stdout + refused.stderr
     resumed = train(2, "--resume", "selection.tau=0.4")
     out = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, out[-3000:]
