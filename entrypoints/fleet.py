@@ -49,7 +49,7 @@ def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
     from actors.verifier import RewardVerifier
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from pcl.strategies import make_strategy
+    from pcl.strategies import strategy_class
 
     seed, run = cfg.run.seed, cfg.run.name
     policy = cfg.model.model_copy(update={"path": prep.policy_path})  # the model section, with the local copy
@@ -59,7 +59,7 @@ def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     h["sampler"] = PromptSamplerActor.options(scheduling_strategy=here).remote(prep.train_prompts, seed)
     h["scorer"] = None
-    if make_strategy(cfg.selection, cfg.run.m, seed, n=cfg.run.n).needs_values:
+    if strategy_class(cfg.selection).needs_values:  # a class capability: no strategy is built here
         gpus = cfg.learner.num_gpus_per_rank  # every V rank: one learner rank's GPUs
         h["scorer"] = ValueScorerActor.options(num_gpus=gpus, resources=cfg.value.resources or None).remote(
             cfg.value, prep.value_path, "cuda" if gpus > 0 else "cpu", seed,

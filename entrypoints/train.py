@@ -18,7 +18,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pcl.config import Config, ConfigError, dump_config, redacted
@@ -39,6 +39,7 @@ class Prepared:
     answers: dict
     checkpoint: Path | None = None  # the checkpoint a resumed run starts from
     suite: dict | None = None  # benchmark name -> prompt records, evaluated every evaluation.every steps
+    overrides: dict = field(default_factory=dict)  # tunable selection settings the resumed config overrides
 
 
 def resolve_model_path(path: str, what: str) -> str:
@@ -60,12 +61,12 @@ def resolve_model_path(path: str, what: str) -> str:
 def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     """Everything that can fail on bad input, done before Redis, Ray or any actor starts."""
     from pcl.data import load_prompts
-    from pcl.strategies import make_strategy
+    from pcl.strategies import check_strategy
     from services.tracking import check_backends
 
     check_backends(cfg)  # a tracker named but not installed: named with its extra, before anything starts
     try:  # a strategy that does not fit the run fails here, not mid-run
-        make_strategy(cfg.selection, cfg.run.m, cfg.run.seed, n=cfg.run.n)
+        check_strategy(cfg.selection, cfg.run.m, n=cfg.run.n)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     out = Path(run_dir or cfg.run.run_dir or f"runs/{cfg.run.name}")
@@ -131,22 +132,24 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     answers.update({p.id: p.answer for p in evals})
     for records in (suite or {}).values():
         answers.update({p.id: p.answer for p in records})
-    if checkpoint is not None:
-        check_resumable(cfg, checkpoint, train)
-    return Prepared(out, policy, value, train, evals, answers, checkpoint, suite)
+    overrides = check_resumable(cfg, checkpoint, train) if checkpoint is not None else {}
+    return Prepared(out, policy, value, train, evals, answers, checkpoint, suite, overrides)
 
 
-# What a resumed run must share with the run that wrote its checkpoint (anything else may change on resume).
-RESUME_FIXED = ("run.name", "run.seed", "run.m", "run.n", "data.source", "data.revision", "selection.type",
-                "model.path")
+# What a resumed run must share with the run that wrote its checkpoint; the selection settings follow the rule
+# in pcl.resume (structural ones fixed, tunable ones overridable); anything else may change on resume.
+RESUME_FIXED = ("run.name", "run.seed", "run.m", "run.n", "data.source", "data.revision", "model.path")
 
 
-def check_resumable(cfg: Config, checkpoint: Path, train: list) -> None:
+def check_resumable(cfg: Config, checkpoint: Path, train: list) -> dict:
     """A ConfigError naming each difference that makes `checkpoint` meaningless for `cfg` and its training
-    set `train` (the prompt count, and the data fingerprint of ids, questions and answers in order)."""
+    set `train` (the prompt count, and the data fingerprint of ids, questions and answers in order), or a
+    selection setting the checkpoint cannot take (`pcl.resume`). Prints where each selection setting that is
+    not simply the config's comes from, and returns the tunable ones the resumed config overrides."""
     import yaml
 
     from pcl.fingerprint import data_fingerprint, fingerprint_differences
+    from pcl.resume import ResumePlan, resolve_selection
 
     saved = yaml.safe_load((checkpoint / "config.yaml").read_text())
     now = cfg.model_dump(mode="json")
@@ -157,6 +160,12 @@ def check_resumable(cfg: Config, checkpoint: Path, train: list) -> None:
             problems.append(f"{key} is {now[section][name]!r}; the checkpoint's run had "
                             f"{saved.get(section, {}).get(name)!r}")
     state = json.loads((checkpoint / "state.json").read_text())
+    plan = ResumePlan()
+    try:
+        plan = resolve_selection(cfg.selection, saved.get("selection", {}), state.get("strategy", {}),
+                                 state.get("step"))
+    except ValueError as exc:
+        problems += str(exc).splitlines()
     if state["sampler"]["num_prompts"] != len(train):
         problems.append(f"the training set has {len(train)} usable prompts; the checkpoint's had "
                         f"{state['sampler']['num_prompts']} (the data changed)")
@@ -165,6 +174,9 @@ def check_resumable(cfg: Config, checkpoint: Path, train: list) -> None:
                      fingerprint_differences(state["sampler"]["data"], data_fingerprint(train))]
     if problems:
         raise ConfigError(f"cannot resume from {checkpoint}:\n  " + "\n  ".join(problems))
+    for note in plan.notes:
+        print(f"pcl: {note}", flush=True)
+    return plan.overrides
 
 
 def start_ray() -> bool:
@@ -300,7 +312,8 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     try:
         # Control state in Redis (reset for a fresh run) and, with control.enabled, the control plane.
         control = DriverControl(cfg, redis.url, prep.run_dir, k_max=len(prep.train_prompts) // cfg.run.m,
-                                fresh=resume is None, tools_url=redis.tcp_url, snapshot=snapshot)
+                                fresh=resume is None, tools_url=redis.tcp_url, snapshot=snapshot,
+                                overrides=prep.overrides)
         own_ray = start_ray()
         keep_redis = EmbeddedRedisKeeper(redis, cfg.checkpoint.max_restarts)  # restarts it if it exits
         while True:

@@ -166,8 +166,20 @@ class GresoSelection(Section):
     max_rounds: int = Field(4, ge=1, description="Generation rounds before the batch is filled with the best available.")
 
 
+class ProbeSelection(Section):
+    """The paper's difficulty experiment: roll out k*m candidates n_probe times to estimate their pass rates,
+    train on the m whose estimate is closest to target_p, with n fresh rollouts (the estimates are not reused)."""
+
+    type: Literal["probe"] = "probe"
+    target_p: float = Field(0.5, ge=0, le=1, description="Target pass rate of the trained prompts (the paper: 0, "
+                            ".25, .5, .75, 1).")
+    k: int = Field(4, ge=1, description="Candidates estimated each step, as a multiple of m.")
+    n_probe: int = Field(8, ge=1, description="Estimation rollouts per candidate (not trained on).")
+
+
 Selection = Annotated[
-    Union[UniformSelection, PCLSelection, PrefilterSelection, DynamicSamplingSelection, SpeedSelection, GresoSelection],
+    Union[UniformSelection, PCLSelection, PrefilterSelection, DynamicSamplingSelection, SpeedSelection, GresoSelection,
+          ProbeSelection],
     Field(discriminator="type"),
 ]
 

@@ -85,8 +85,10 @@ class DriverControl:
 
     def __init__(
         self, cfg: Config, redis_url: str, run_dir: Path, k_max: int, fresh: bool, tools_url: str = "",
-        snapshot: dict | None = None,
+        snapshot: dict | None = None, overrides: dict | None = None,
     ):
+        """`overrides`: the tunable selection settings a resumed run's config overrides (pcl.resume): they
+        replace what the control plane asked for before, loudly."""
         from services.redis_server import make_client, masked
 
         self.store = ControlStore(make_client(redis_url, decode_responses=True), cfg.run.name,
@@ -97,6 +99,9 @@ class DriverControl:
             if snapshot:
                 self.store.restore(snapshot)
             self.store.reopen()
+            for key, old in self.store.override_params(overrides or {}, "driver").items():
+                print(f"pcl: control: selection.{key}={overrides[key]!r} given with --resume replaces {key}={old} "
+                      f"asked for through the control plane", flush=True)
         self.store.set_k_max(k_max)
         self.server = serve(cfg.control, self.store) if cfg.control.enabled else None
         info = {

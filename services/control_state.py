@@ -347,6 +347,23 @@ class ControlStore:
         pipe.execute()
         return True
 
+    def override_params(self, values: dict[str, Any], source: str = "driver") -> dict[str, Any]:
+        """A resumed run's explicit overrides win over what the control plane asked for before (pcl.resume):
+        where the hash holds another tau / k, it is set to the override, with a `params_overridden` event.
+        Returns the replaced values ({} when the hash held none that differed)."""
+        held = self.client.hgetall(self.control_key)
+        replaced = {key: held[key] for key in ("tau", "k") if key in values and key in held
+                    and held[key] != str(values[key])}
+        if not replaced:
+            return {}
+        changes = {key: values[key] for key in replaced}
+        _, fields = self._event("params_overridden", source, None, dict(previous=replaced, **changes))
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hset(self.control_key, mapping={key: str(value) for key, value in changes.items()})
+        self._append(pipe, fields)
+        pipe.execute()
+        return replaced
+
     def set_k_max(self, k_max: int) -> None:
         self.client.hset(self.control_key, "k_max", str(k_max))
 

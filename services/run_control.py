@@ -183,35 +183,38 @@ class RunControl:
     # -- the pieces ------------------------------------------------------------------------------------------
 
     def _apply(self, desired: Desired, step: int, strategy) -> bool:
-        """Set tau / k on the strategy where they differ and record it; returns whether anything changed."""
+        """Tune tau / k on the strategy (`Strategy.tune`, which validates) and record it; a change the strategy
+        cannot take is refused once, as an event. Returns whether anything changed."""
         self.desired = desired
-        changes, previous = {}, {}
+        wanted = {}
         for key in ("tau", "k"):
             value = getattr(desired, key)
             if value is None or (key, value) in self.ignored:
                 continue
-            current = getattr(strategy, key, None)
-            if current is None or (key == "k" and desired.k_max is not None and value > desired.k_max):
+            reason = None
+            if key not in strategy.tunable:
+                reason = f"selection strategy {strategy.name!r} has no {key}"
+            elif key == "k" and desired.k_max is not None and value > desired.k_max:
+                reason = f"k={value} exceeds k_max={desired.k_max}"
+            else:
+                try:
+                    strategy.tunable[key].check(key, value)
+                    wanted[key] = value
+                except ValueError as exc:
+                    reason = str(exc)
+            if reason is not None:
                 self.ignored.add((key, value))
-                reason = (
-                    f"selection strategy {getattr(strategy, 'name', '?')!r} has no {key}"
-                    if current is None
-                    else f"k={value} exceeds k_max={desired.k_max}"
-                )
                 self._event("params_refused", step, reason=reason, **{key: value})
-                continue
-            if current != value:
-                previous[key] = current
-                changes[key] = type(current)(value)
-                setattr(strategy, key, changes[key])
-        if changes:
-            self._event("params_applied", step, previous=previous, **changes)
-        return bool(changes)
+        changed = strategy.tune(**wanted) if wanted else {}
+        if changed:
+            self._event("params_applied", step, previous={key: old for key, (old, _) in changed.items()},
+                        **{key: new for key, (_, new) in changed.items()})
+        return bool(changed)
 
     def _describe(self, strategy) -> None:
         self.status.update(
-            strategy=getattr(strategy, "name", None),
-            tunable=[key for key in ("tau", "k") if hasattr(strategy, key)],
+            strategy=strategy.name,
+            tunable=[key for key in ("tau", "k") if key in strategy.tunable],
             tau=getattr(strategy, "tau", None),
             k=getattr(strategy, "k", None),
         )

@@ -111,7 +111,7 @@ class Checkpoints:
             self.loop.scorer.load(str(path / "value"))
         if (path / REFERENCE_FILE).is_file() and not (self.run_dir / REFERENCE_FILE).is_file():
             shutil.copy2(path / REFERENCE_FILE, self.run_dir / REFERENCE_FILE)
-        self.loop.load_state_dict(state)
+        self.loop.load_state_dict(state, checkpoint=str(path))
         self.clock.load_state_dict(state)
         self.last_step = self.loop.state.step
         return state

@@ -34,6 +34,7 @@ from pcl.data import PromptRecord
 from pcl.loop.ports import Clock, Learner, Prompts, Rollouts, Scorer, SystemClock
 from pcl.loop.reference import reference_pass_rates
 from pcl.loop.state import LoopState
+from pcl.resume import resume_strategy
 from pcl.rl import effective_ratio, explained_variance
 from pcl.rounds import RoundLedger
 from pcl.strategies import Request, Strategy
@@ -145,7 +146,7 @@ class StepLoop:
                 probe = self.choose_probe(candidates, values, rollouts, batch)
                 if strategy.pipelined:
                     self.prefetch_candidates()  # the next step's, scored while this one generates
-            samples = self.generate(step, [(r.prompt, r.n) for r in rollouts], probe, batch, timer)  # 4-5.
+            samples = self.generate(step, [(r.prompt, r.n, r.train) for r in rollouts], probe, batch, timer)  # 4-5.
             batch.ledger.add(samples)
             rewards = batch.ledger.round_rewards(samples)
             batch.probe_rates += [float(rewards[i].mean()) for i in batch.probe_ids[len(batch.probe_rates):]]
@@ -154,7 +155,7 @@ class StepLoop:
         strategy.carry(batch.ledger.samples_of(strategy.carry_ids))
         return batch
 
-    def generate(self, step: int, wanted: list[tuple[PromptRecord, int]], probe: list[PromptRecord],
+    def generate(self, step: int, wanted: list[tuple[PromptRecord, int, bool]], probe: list[PromptRecord],
                  batch: StepBatch, timer: StepTimer) -> list:
         """Steps 4-5 for one round: the strategy's rollouts and the probe's in one call (the probe adds no round
         trip); the probe's share of the call's seconds, by sample count, is the probe's, not generation's, so
@@ -262,12 +263,16 @@ class StepLoop:
             raise ValueError(f"{source}: written by a {state['strategy_type']!r} run; this run's selection.type "
                              f"is {self.cfg.selection.type!r}")
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], checkpoint: str | None = None) -> None:
         """Continue from `state_dict`'s output: the sampler's cursor, the strategy, every RNG and counter; the
-        rollout fleet is given the learner's weights (restored beforehand) as the state's policy version."""
+        rollout fleet is given the learner's weights (restored beforehand) as the state's policy version. From a
+        `checkpoint`, this run's selection settings meet the checkpoint's by the resume rule (`pcl.resume`)."""
         self.check_state(state)
         self.prompts.load_state_dict(state["sampler"])
-        self.strategy.load_state_dict(state["strategy"])
+        if checkpoint is None:
+            self.strategy.load_state_dict(state["strategy"])
+        else:
+            resume_strategy(self.strategy, state["strategy"], self.cfg.selection, checkpoint, int(state["step"]))
         self.state.load_state_dict(state, self.prompts.records() if state.get("prefetched") else None)
         self.sync_weights(self.policy_version)
         self.rollouts.load_state_dict(state)  # after the weights, as the engines' sampling state was saved

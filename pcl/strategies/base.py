@@ -18,6 +18,11 @@ coordinator drives it in rounds, all generated with the step's policy version:
 The strategy never sees Ray, Redis or a model: it holds plain `PromptRecord`s and reward arrays, so each is
 unit-tested on its own. It keeps what must survive a restart in `state_dict()` / `load_state_dict()` (JSON
 types only) and reports its figures in `metrics()`.
+
+What a strategy needs from the run is written on its class, readable without building one (the driver places
+the value scorer by `needs_values`): `needs_values`, `uses_reference`, `tunable` (the settings the control
+plane may change between steps, with their bounds; `tune(**changes)` is the only way they change) and
+`config` (its `selection:` section). `from_config` builds one from that section.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -47,26 +52,86 @@ class Request:
 
 @dataclass(frozen=True)
 class Rollout:
-    """Generate n more responses for one prompt in this round (sample indices continue across rounds)."""
+    """Generate n more responses for one prompt in this round (sample indices continue across rounds).
+
+    train=False: an estimation rollout, whose rewards the strategy observes but which is never trained on."""
 
     prompt: PromptRecord
     n: int
+    train: bool = True
+
+
+@dataclass(frozen=True)
+class Tunable:
+    """A setting the control plane may change between steps: its type and closed bounds (None: unbounded)."""
+
+    kind: type  # int or float
+    low: float | None = None
+    high: float | None = None
+
+    def check(self, key: str, value: Any) -> int | float:
+        """`value` as this setting's type, or a ValueError naming `key` and the bad value."""
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise ValueError(f"selection.{key}: expected a number, got {value!r}")
+        if self.kind is int and float(value) != int(value):
+            raise ValueError(f"selection.{key}: expected a whole number, got {value!r}")
+        value = self.kind(value)
+        if not math.isfinite(value) or (self.low is not None and value < self.low) or (
+                self.high is not None and value > self.high):
+            bounds = f"[{self.low if self.low is not None else '-inf'}, {self.high if self.high is not None else 'inf'}]"
+            raise ValueError(f"selection.{key}: {value!r} is outside {bounds}")
+        return value
 
 
 class Strategy:
     """The base of every selection strategy: the round protocol and the per-step bookkeeping."""
 
-    name: str = "base"
-    needs_values: bool = False  # whether the value model scores candidates (and is trained on the batch)
+    name: ClassVar[str] = "base"
+    config: ClassVar[type | None] = None  # its `selection:` section (a pcl.config model)
+    needs_values: ClassVar[bool] = False  # whether the value model scores candidates (and is trained on the batch)
+    uses_reference: ClassVar[bool] = False  # whether it filters on the initial policy's pass rates (prefilter)
+    tunable: ClassVar[dict[str, Tunable]] = {}  # what tune() may change between steps
+    adapted: ClassVar[tuple[str, ...]] = ()  # settings it adapts while training (config: the starting value)
     reference_rollouts: int = 0  # n_pre: rollouts per training prompt with the initial policy, before step 1
     pipelined: bool = False  # whether the next step's candidates may be drawn and scored during this step
 
     def __init__(self, m: int, n: int):
-        if m < 1 or n < 1:
-            raise ValueError(f"a selection strategy needs run.m >= 1 and run.n >= 1, got m={m}, n={n}")
+        self.check_run(m, n)
         self.m, self.n = m, n
         self.step = -1
         self.round = 0  # rounds of this step so far
+
+    # -- building one, and what it needs from the run -----------------------------------------------------
+
+    @classmethod
+    def from_config(cls, selection, m: int, n: int, seed: int = 0) -> "Strategy":
+        """The strategy for its `selection:` section, for m prompts of n responses per step."""
+        raise NotImplementedError
+
+    @classmethod
+    def check_run(cls, m: int, n: int, selection=None) -> None:
+        """A ValueError naming the keys when `selection` does not fit a run of m prompts, n responses each."""
+        if m < 1 or n < 1:
+            raise ValueError(f"a selection strategy needs run.m >= 1 and run.n >= 1, got m={m}, n={n}")
+
+    def tune(self, **changes: Any) -> dict[str, tuple[Any, Any]]:
+        """Change tunable settings from the next step on: validates every change first (a ValueError names the
+        bad key or value, and nothing is applied), then applies them. Returns {key: (old, new)} of those that
+        changed value."""
+        unknown = [key for key in changes if key not in self.tunable]
+        if unknown:
+            can = ", ".join(sorted(self.tunable)) or "nothing"
+            raise ValueError(f"selection strategy {self.name!r} cannot tune {', '.join(map(repr, unknown))} "
+                             f"(it can tune: {can})")
+        checked = {key: self.tunable[key].check(key, value) for key, value in changes.items()}
+        changed = {key: (getattr(self, key), value) for key, value in checked.items() if getattr(self, key) != value}
+        for key, (_, value) in changed.items():
+            setattr(self, key, value)
+        return changed
+
+    def tunable_values(self) -> dict[str, Any]:
+        """The current value of every tunable setting."""
+        return {key: getattr(self, key) for key in self.tunable}
 
     # -- the round protocol ----------------------------------------------------------------------------
 

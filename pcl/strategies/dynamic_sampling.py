@@ -7,8 +7,16 @@ the informative prompts kept so far; `fill`: pad to m with zero-variance groups,
 
 from __future__ import annotations
 
-from pcl.strategies.base import RolloutFilter
+from pcl.config import DynamicSamplingSelection
+from pcl.strategies.base import RolloutFilter, Tunable
 
 
 class DynamicSamplingStrategy(RolloutFilter):
     name = "dynamic_sampling"
+    config = DynamicSamplingSelection
+    tunable = {"k": Tunable(int, 1)}
+
+    @classmethod
+    def from_config(cls, selection: DynamicSamplingSelection, m: int, n: int,
+                    seed: int = 0) -> "DynamicSamplingStrategy":
+        return cls(m, n, selection.k, selection.max_rounds, selection.at_round_limit)

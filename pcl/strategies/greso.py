@@ -20,8 +20,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from pcl.config import GresoSelection
 from pcl.data import PromptRecord
-from pcl.strategies.base import Request, RolloutFilter
+from pcl.strategies.base import Request, RolloutFilter, Tunable
 
 P_MIN, P_MAX = 0.05, 0.95  # bounds of the adapted exploration probabilities
 KEEP_FLOOR = 0.01  # a prompt on any streak is still rolled out with at least this probability
@@ -29,6 +30,14 @@ KEEP_FLOOR = 0.01  # a prompt on any streak is still rolled out with at least th
 
 class GresoStrategy(RolloutFilter):
     name = "greso"
+    config = GresoSelection
+    tunable = {"k": Tunable(float, 1.0)}
+    adapted = ("p_easy", "p_hard")
+
+    @classmethod
+    def from_config(cls, selection: GresoSelection, m: int, n: int, seed: int = 0) -> "GresoStrategy":
+        return cls(m, n, selection.k, selection.max_rounds, selection.p_easy, selection.p_hard, selection.delta_p,
+                   selection.target_zero_variance, seed)
 
     def __init__(self, m: int, n: int, k: float, max_rounds: int, p_easy: float, p_hard: float, delta_p: float,
                  target_zero_variance: float, seed: int = 0):

@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from pcl.config import PrefilterSelection
 from pcl.data import PromptRecord
 from pcl.strategies.base import Request, Rollout, Strategy, pool_draw
 
@@ -21,6 +22,12 @@ MAX_DRAWS = 64  # draws of one step before giving up: the admitted set is checke
 
 class PrefilterStrategy(Strategy):
     name = "prefilter"
+    config = PrefilterSelection
+    uses_reference = True
+
+    @classmethod
+    def from_config(cls, selection: PrefilterSelection, m: int, n: int, seed: int = 0) -> "PrefilterStrategy":
+        return cls(m, n, selection.n_pre, selection.p_low, selection.p_high)
 
     def __init__(self, m: int, n: int, n_pre: int, p_low: float, p_high: float):
         super().__init__(m, n)

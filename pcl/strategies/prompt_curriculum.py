@@ -1,6 +1,6 @@
 """PCL (`selection.type: pcl`, DESIGN 1.1-1.3): V scores k*m candidates, the m closest to tau are rolled out.
 
-tau and k are plain attributes: the control plane changes them between steps and the next step uses the new
+tau and k are tunable: the control plane changes them between steps (`tune`) and the next step uses the new
 values. With `pipelined`, the coordinator draws and scores step t+1's candidates while step t generates (V
 is then one more update behind the policy when it scores them).
 """
@@ -11,20 +11,27 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from pcl.config import PCLSelection
 from pcl.data import PromptRecord
 from pcl.selection import select_closest
-from pcl.strategies.base import Request, Rollout, Strategy
+from pcl.strategies.base import Request, Rollout, Strategy, Tunable
 
 
 class PCLStrategy(Strategy):
     name = "pcl"
+    config = PCLSelection
     needs_values = True
+    tunable = {"tau": Tunable(float, 0.0, 1.0), "k": Tunable(int, 1)}
 
     def __init__(self, m: int, n: int, tau: float, k: int, pipelined: bool = False):
         super().__init__(m, n)
         self.tau, self.k, self.pipelined = tau, k, pipelined
         self.batch: list[PromptRecord] = []
         self.selected_values = np.zeros(0)
+
+    @classmethod
+    def from_config(cls, selection: PCLSelection, m: int, n: int, seed: int = 0) -> "PCLStrategy":
+        return cls(m, n, selection.tau, selection.k, selection.pipelined)
 
     @property
     def pool_size(self) -> int:

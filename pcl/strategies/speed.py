@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from pcl.config import SpeedSelection
 from pcl.data import PromptRecord
-from pcl.strategies.base import Request, Rollout, Strategy, zero_variance
+from pcl.strategies.base import Request, Rollout, Strategy, Tunable, zero_variance
 
 if TYPE_CHECKING:
     from pcl.batch import Sample
@@ -40,6 +41,19 @@ if TYPE_CHECKING:
 
 class SpeedStrategy(Strategy):
     name = "speed"
+    config = SpeedSelection
+    tunable = {"k": Tunable(int, 1)}
+
+    @classmethod
+    def from_config(cls, selection: SpeedSelection, m: int, n: int, seed: int = 0) -> "SpeedStrategy":
+        return cls(m, n, selection.k, selection.n_init, selection.max_rounds, selection.carry_over)
+
+    @classmethod
+    def check_run(cls, m: int, n: int, selection=None) -> None:
+        super().check_run(m, n)
+        if selection is not None and not 1 <= selection.n_init < n:
+            raise ValueError(f"selection.type=speed: selection.n_init ({selection.n_init}) must be at least 1 and "
+                             f"below run.n ({n}): the accepted prompts need n - n_init continuation responses")
 
     def __init__(self, m: int, n: int, k: int, n_init: int, max_rounds: int, carry_over: bool = False):
         super().__init__(m, n)

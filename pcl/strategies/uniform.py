@@ -6,12 +6,18 @@ from typing import Sequence
 
 import numpy as np
 
+from pcl.config import UniformSelection
 from pcl.data import PromptRecord
 from pcl.strategies.base import Request, Rollout, Strategy
 
 
 class UniformStrategy(Strategy):
     name = "uniform"
+    config = UniformSelection
+
+    @classmethod
+    def from_config(cls, selection: UniformSelection, m: int, n: int, seed: int = 0) -> "UniformStrategy":
+        return cls(m, n)
 
     def begin_step(self, step: int) -> None:
         super().begin_step(step)

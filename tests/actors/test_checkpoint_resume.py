@@ -129,3 +129,29 @@ def test_resume_on_a_dataset_edited_or_reordered_at_the_same_size_is_refused(tin
     same = train("--resume")
     assert same.returncode == 0, (same.stdout + same.stderr)[-3000:]
     assert "restored step 1" in same.stdout
+
+
+def test_a_tau_given_with_resume_is_trained_with_and_said(tmp_path):
+    """`--resume selection.tau=0.4` on a run that checkpointed with tau 0.5: the override is printed, the resumed
+    steps train with 0.4 (their records' tau), and a changed selection.type is refused naming it."""
+    from pcl.tiny.build import build_tiny
+
+    build_tiny(seed=0)
+    run_dir = tmp_path / "run"
+
+    def train(steps: int, *extra: str) -> subprocess.CompletedProcess:
+        args = [sys.executable, "-m", "entrypoints.cli", "train", "configs/tiny.yaml", *FAST, f"run.steps={steps}",
+                "checkpoint.every=1", "--run-dir", str(run_dir), *extra]
+        return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+    first = train(1)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    refused = train(2, "--resume", "selection.type=dynamic_sampling")  # a type that takes FAST's selection.k
+    assert refused.returncode != 0
+    assert "selection.type is 'dynamic_sampling'; the checkpoint's run had 'pcl'" in refused.stdout + refused.stderr
+    resumed = train(2, "--resume", "selection.tau=0.4")
+    out = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, out[-3000:]
+    assert "pcl: selection.tau: 0.4 given with --resume overrides 0.5 from checkpoint step 1" in out
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["tau"]) for r in records if "tau" in r] == [(1, 0.5), (2, 0.4)]

@@ -23,11 +23,12 @@ STRATEGIES = {
                         "selection.carry_over=false"],
     "greso": ["selection.type=greso", "selection.k=2", "selection.max_rounds=3"],
     "pcl_pipelined": ["selection.type=pcl", "selection.k=2", "selection.pipelined=true"],
+    "probe": ["selection.type=probe", "selection.k=2", "selection.n_probe=2", "selection.target_p=0.5"],
 }
 # Each strategy's own figures in the step record.
 OWN_METRICS = {"prefilter": "prefilter_admitted_share", "dynamic_sampling": "dynamic_sampling_shortfall",
                "speed": "speed_screened", "speed_on_policy": "speed_screened", "greso": "greso_p_easy",
-               "pcl_pipelined": "tau"}
+               "pcl_pipelined": "tau", "probe": "probe_estimate_mean"}
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
@@ -74,6 +75,9 @@ def test_strategy_trains_a_few_steps_end_to_end(name, tiny_model, ray_session, t
         assert cache["n_pre"] == 4 and len(cache["pass_rates"]) == 256
         assert steps[0]["reference_seconds"] > 0 and "reference_seconds" not in steps[1]
         assert all(0.05 < r["selected_reference_pass_rate_mean"] < 0.95 for r in steps)
+    if name == "probe":  # k*m candidates estimated with n_probe rollouts each, then m*n fresh ones trained on
+        assert all(r["generation_rounds"] == 2 and r["samples_generated"] == 2 * M * 2 + M * N for r in steps)
+        assert all(r["batch_samples"] == M * N and r["probe_target_p"] == 0.5 for r in steps)
     if name == "pcl_pipelined":  # steps 2 and 3 used candidates drawn and scored during the step before
         assert [r["prefetch_hits"] for r in steps] == [0, 1, 2]
         assert all(0.0 <= r["selected_value_mean"] <= 1.0 for r in steps)

@@ -227,6 +227,27 @@ def test_resume_with_a_config_that_does_not_fit_the_checkpoint(tiny_model, tmp_p
                          "4096 usable prompts; the checkpoint's had 999", one_line=False, limit_s=LOADED_S)
 
 
+def test_resume_refuses_a_structural_selection_change_naming_it(tiny_model, tmp_path):
+    """pcl.resume's rule at the command line: selection.type, or a setting GRESO adapts, given differently with
+    --resume is refused before any actor starts (a tunable one is applied: tests/actors/test_checkpoint_resume.py)."""
+    from pcl import checkpoint as ckpt
+    from pcl.config import dump_config, load_config
+
+    run = tmp_path / "run"
+    tmp = ckpt.begin(run / "checkpoints", 4)
+    saved = load_config(str(REPO / "configs/tiny.yaml"), ["selection.type=greso"])
+    (tmp / "config.yaml").write_text(dump_config(saved))
+    (tmp / "state.json").write_text(json.dumps({"step": 4, "sampler": {"num_prompts": 4096},
+                                                "strategy": {"p_easy": 0.47, "p_hard": 0.5}}))
+    ckpt.commit(tmp, run / "checkpoints", 4)
+    result = train("--run-dir", str(run), "--resume", "selection.type=greso", "selection.p_easy=0.3")
+    assert_clear_failure(result, "cannot resume from", "selection.p_easy is 0.3; the checkpoint's run started "
+                         "from 0.5, which greso has adapted to 0.47 by step 4", one_line=False, limit_s=LOADED_S)
+    result = train("--run-dir", str(run), "--resume", "selection.type=pcl")
+    assert_clear_failure(result, "cannot resume from", "selection.type is 'pcl'; the checkpoint's run had 'greso'",
+                         one_line=False, limit_s=LOADED_S)
+
+
 def test_resume_on_data_edited_at_the_same_size_is_refused(tiny_model, tmp_path):
     """A checkpoint's data fingerprint against the training set now: an edited answer is named (the real run
     that writes the checkpoint is in tests/actors/test_checkpoint_resume.py)."""

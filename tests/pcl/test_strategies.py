@@ -1,4 +1,4 @@
-"""The six selection strategies, driven through the round protocol exactly as the coordinator drives them,
+"""The seven selection strategies, driven through the round protocol exactly as the coordinator drives them,
 against simulated prompts with known pass rates (Bernoulli rewards): batch shape and sample indices, what
 each keeps, bounded rounds with counted shortfalls, adaptation, and state round trips."""
 
@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 from pcl.batch import Sample, group_samples
-from pcl.config import (DynamicSamplingSelection, GresoSelection, PCLSelection, PrefilterSelection, SpeedSelection,
-                        UniformSelection)
+from pcl.config import (DynamicSamplingSelection, GresoSelection, PCLSelection, PrefilterSelection, ProbeSelection,
+                        SpeedSelection, UniformSelection)
 from pcl.data import PromptRecord
-from pcl.rounds import RoundLedger
+from pcl.rounds import ESTIMATE_BASE, RoundLedger
 from pcl.sampler import PromptSampler
-from pcl.strategies import (DynamicSamplingStrategy, GresoStrategy, PCLStrategy, PrefilterStrategy, SpeedStrategy,
-                            UniformStrategy, make_strategy)
+from pcl.strategies import (STRATEGIES, DynamicSamplingStrategy, GresoStrategy, PCLStrategy, PrefilterStrategy,
+                            ProbeStrategy, SpeedStrategy, UniformStrategy, check_strategy, make_strategy,
+                            strategy_class)
 from pcl.strategies.reference import fingerprint, load_reference, pass_rates, save_reference
 
 
@@ -52,7 +53,7 @@ class World:
             candidates = self.draw(request.draw) if request.draw else []
             scores = np.array([values[c.id] for c in candidates]) if request.score else None
             rollouts = strategy.propose(candidates, scores)
-            wanted = ledger.reserve([(r.prompt, r.n) for r in rollouts])
+            wanted = ledger.reserve([(r.prompt, r.n, r.train) for r in rollouts])
             samples = [Sample(p.id, first + j, p.prompt_token_ids, (1,), float(self.rng.random() < self.rates[p.id]),
                               "stop") for p, n, first in wanted for j in range(n)]
             self.generated += len(samples)
@@ -108,7 +109,7 @@ def test_pcl_picks_the_m_closest_to_tau_and_takes_new_tau_and_k_next_step():
     strategy = PCLStrategy(4, 2, tau=0.5, k=4)
     batch, _, _, _ = world.run_step(strategy, values=values)
     assert [p.id for p in batch] == closest(twin.draw(16), 4, 0.5) and strategy.next_request().draw == 16
-    strategy.tau, strategy.k = 0.2, 2  # what the control plane does between steps
+    assert strategy.tune(tau=0.2, k=2) == {"tau": (0.5, 0.2), "k": (4, 2)}  # what the control plane does
     batch, _, _, _ = world.run_step(strategy, 1, values=values)
     assert [p.id for p in batch] == closest(twin.draw(8), 4, 0.2) and strategy.next_request().draw == 8
     other = PCLStrategy(4, 2, tau=0.5, k=4)
@@ -386,6 +387,86 @@ def test_make_strategy_builds_every_configured_type():
     assert greso_first.next_request().draw == 768  # the paper's B_r^default for m = 512
     with pytest.raises(ValueError, match="n_init"):
         make_strategy(SpeedSelection(n_init=8), 8, n=8)
+    assert type(make_strategy(ProbeSelection(target_p=0.25), 8, n=8)) is ProbeStrategy
+
+
+# -- the registry and tune -------------------------------------------------------------------------------------
+
+
+def test_every_selection_type_is_registered_with_capabilities_readable_from_the_class():
+    assert set(STRATEGIES) == {"uniform", "pcl", "prefilter", "dynamic_sampling", "speed", "greso", "probe"}
+    assert [name for name, cls in STRATEGIES.items() if cls.needs_values] == ["pcl"]
+    assert [name for name, cls in STRATEGIES.items() if cls.uses_reference] == ["prefilter"]
+    assert strategy_class(PCLSelection()) is PCLStrategy and strategy_class("probe") is ProbeStrategy
+    assert set(PCLStrategy.tunable) == {"tau", "k"} and not UniformStrategy.tunable
+    with pytest.raises(ValueError, match="'nope' is not a known strategy"):
+        strategy_class("nope")
+    with pytest.raises(ValueError, match="n_init"):  # checked without building one
+        check_strategy(SpeedSelection(n_init=8), 8, n=8)
+    assert check_strategy(SpeedSelection(n_init=4), 8, n=8) is SpeedStrategy
+
+
+def test_tune_validates_every_change_before_applying_any_and_returns_what_changed():
+    strategy = PCLStrategy(8, 4, tau=0.5, k=4)
+    assert strategy.tune(tau=0.5) == {}  # nothing changed
+    with pytest.raises(ValueError, match=r"selection.tau: 1.5 is outside \[0.0, 1.0\]"):
+        strategy.tune(k=2, tau=1.5)
+    with pytest.raises(ValueError, match=r"cannot tune 'n_probe' \(it can tune: k, tau\)"):
+        strategy.tune(k=2, n_probe=3)
+    with pytest.raises(ValueError, match="selection.k: expected a whole number, got 2.5"):
+        strategy.tune(k=2.5)
+    with pytest.raises(ValueError, match="selection.tau: expected a number, got 'x'"):
+        strategy.tune(tau="x")
+    assert (strategy.tau, strategy.k) == (0.5, 4)  # a refused call applies nothing
+    assert strategy.tune(k=2.0) == {"k": (4, 2)} and type(strategy.k) is int
+    with pytest.raises(ValueError, match="'uniform' cannot tune 'tau' \\(it can tune: nothing\\)"):
+        UniformStrategy(8, 4).tune(tau=0.3)
+
+
+# -- probe (the paper's difficulty experiment) -------------------------------------------------------------------
+
+
+def test_probe_trains_on_the_m_estimated_closest_to_target_p_with_fresh_rollouts_only():
+    rates = rates_cycle(400, [0.0, 0.5, 1.0])
+    world = World(rates)
+    strategy = ProbeStrategy(8, 4, target_p=0.5, k=4, n_probe=16)
+    batch, groups, ledger, rounds = world.run_step(strategy)
+    assert rounds == 2 and world.generated == 32 * 16 + 8 * 4  # k*m*n_probe estimates, then m*n trained
+    assert ledger.estimated == 32 * 16 and ledger.generated == 32 * 16 + 8 * 4
+    assert all(rates[p.id] == 0.5 for p in batch)  # 16 estimates tell 0.5 from 0 and 1 apart
+    assert all(s.sample_index < 4 for p in batch for s in ledger.samples_of([p.id]))  # estimates not reused
+    assert groups.rewards.shape == (8, 4)
+    easy = ProbeStrategy(8, 4, target_p=1.0, k=8, n_probe=16)  # about 21 of 64 candidates always solved
+    batch, groups, _, _ = World(rates, seed=1).run_step(easy)
+    assert all(rates[p.id] == 1.0 for p in batch) and groups.rewards.min() == 1.0  # all solved: no gradient
+    metrics = easy.metrics()
+    assert metrics["probe_target_p"] == 1.0 and metrics["probe_estimate_mean"] == 1.0
+
+
+def test_probe_state_round_trips_and_target_p_is_tunable():
+    strategy = ProbeStrategy(4, 2, target_p=0.25, k=2, n_probe=4)
+    assert strategy.tune(target_p=0.75) == {"target_p": (0.25, 0.75)}
+    other = ProbeStrategy(4, 2, target_p=0.5, k=4, n_probe=4)
+    other.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
+    assert (other.target_p, other.k) == (0.75, 2)
+    with pytest.raises(ValueError, match="target_p"):
+        ProbeStrategy(4, 2, target_p=1.5, k=2, n_probe=4)
+    strategy.begin_step(0)
+    assert strategy.next_request().draw == 8 and not strategy.ready
+    rollouts = strategy.propose(prompts(8), None)
+    assert len(rollouts) == 8 and not any(r.train for r in rollouts) and {r.n for r in rollouts} == {4}
+    with pytest.raises(ValueError, match="no estimation rewards"):
+        strategy.observe({})
+
+
+def test_ledger_keeps_estimation_rollouts_apart_from_the_trained_samples():
+    a, = prompts(1)
+    ledger = RoundLedger()
+    assert ledger.reserve([(a, 4, False)]) == [(a, 4, ESTIMATE_BASE)]
+    assert ledger.reserve([(a, 2, True), (a, 2, False)]) == [(a, 2, 0), (a, 2, ESTIMATE_BASE + 4)]
+    ledger.add([Sample("p0", ESTIMATE_BASE, (), (), 1.0, "stop"), Sample("p0", 0, (), (), 0.0, "stop")])
+    assert [s.sample_index for s in ledger.samples_of(["p0"])] == [0] and ledger.estimated == 1
+    assert ledger.generated == 2
 
 
 # -- reference pass rates --------------------------------------------------------------------------------------

@@ -158,6 +158,30 @@ def test_the_coordinator_refuses_a_k_the_training_set_cannot_fill(store, control
     assert len(refused) == 1 and "k=50 exceeds k_max=10" in refused[0]["data"]["reason"]  # recorded once
 
 
+def test_the_coordinator_tunes_through_the_strategy_and_refuses_what_it_rejects(store, control):
+    strategy = PCLStrategy(m=8, n=4, tau=0.5, k=4)
+    store.client.hset(store.control_key, mapping={"tau": "1.5", "k": "2"})  # past the API: tune() validates
+    control.at_step_boundary(0, strategy)
+    assert (strategy.tau, strategy.k) == (0.5, 2)
+    refused = [e for e in store.events() if e["type"] == "params_refused"]
+    assert len(refused) == 1 and "selection.tau: 1.5 is outside [0.0, 1.0]" in refused[0]["data"]["reason"]
+    applied = [e for e in store.events() if e["type"] == "params_applied"]
+    assert applied[-1]["data"] == {"previous": {"k": 4}, "k": 2}
+
+
+def test_a_resume_override_replaces_the_control_planes_value_with_an_event(store, control):
+    strategy = PCLStrategy(m=8, n=4, tau=0.5, k=4)
+    control.at_step_boundary(0, strategy)
+    store.request_params(tau=0.3)
+    assert store.override_params({"tau": 0.4, "k": 4}) == {"tau": "0.3"}  # k was never asked for: untouched
+    assert store.desired().tau == 0.4 and store.desired().k is None
+    event = store.events()[-1]
+    assert event["type"] == "params_overridden" and event["data"] == {"previous": {"tau": "0.3"}, "tau": 0.4}
+    control.at_step_boundary(1, strategy)
+    assert strategy.tau == 0.4  # the hash no longer holds the value the override replaced
+    assert store.override_params({"tau": 0.4}) == {}
+
+
 def test_checkpoint_request_is_seen_at_the_boundary_and_cleared_when_written(store, control):
     strategy = PCLStrategy(m=8, n=4, tau=0.5, k=4)
     request = store.request_checkpoint()
