@@ -185,7 +185,7 @@ class Coordinator:
         cfg = self.cfg
         self.clock_start = time.monotonic() - self.elapsed_offset
         if cfg.run.eval_every and self.step == 0:
-            first = {"step": 0, "eval_accuracy": self.evaluate(0), "policy_version": self.policy_version}
+            first = {"step": 0, **self.evaluate(0), "policy_version": self.policy_version}
             self.log.append(first)
             self.control.publish(first, self.policy_version)
         steps_done = 0
@@ -197,7 +197,7 @@ class Coordinator:
                 break
             record = self.train_step(step)
             if cfg.run.eval_every and (step + 1) % cfg.run.eval_every == 0 or step + 1 == cfg.run.steps:
-                record["eval_accuracy"] = self.evaluate(step + 1)
+                record.update(self.evaluate(step + 1))
             suite_due = self.suite and ((step + 1) % cfg.evaluation.every == 0 or step + 1 == cfg.run.steps)
             if suite_due:
                 record.update(self.evaluate_suite(step + 1))
@@ -481,14 +481,21 @@ class Coordinator:
                      "scores": {k: v for k, v in record.items() if k.startswith("suite_")}}
         ckpt.write_json(Path(self.run_dir) / BEST_FILE, self.best)
 
-    def evaluate(self, step: int) -> float:
-        """Held-out accuracy: mean verified reward of `run.eval_samples` samples per held-out prompt."""
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Held-out accuracy (mean verified reward of `run.eval_samples` samples per held-out prompt) and its
+        standard error over prompts: `eval_accuracy`, `eval_accuracy_se`."""
+        from pcl.evaluation import accuracy_with_se
+
         if not self.eval_prompts:
-            return float("nan")
+            return {"eval_accuracy": float("nan")}
         samples = self.rollouts.generate(step, self.policy_version, self.eval_prompts, self.cfg.run.eval_samples,
                                          temperature=self.cfg.run.eval_temperature, evaluation=True,
                                          on_wait=self.check_fleet, on_progress=self.progress("held-out evaluation"))
-        return float(np.mean([s.reward for s in samples]))
+        rewards: dict[str, list[float]] = {}
+        for sample in samples:
+            rewards.setdefault(sample.prompt_id, []).append(sample.reward)
+        accuracy, se = accuracy_with_se(list(rewards.values()))
+        return {"eval_accuracy": accuracy, "eval_accuracy_se": se}
 
     def progress(self, task: str, offset: int = 0, total: int | None = None, started: float | None = None):
         """A generate call's `on_progress`: the task's samples so far in RUN_DIR/progress.json (at most twice a

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pcl.config import Config, ConfigError, dump_config, redacted
+from pcl.config import TINY_SOURCES, Config, ConfigError, dump_config, redacted
 from pcl.runlog import METRICS_FILE, read_metrics
 
 log = logging.getLogger("pcl.train")
@@ -42,11 +42,12 @@ class Prepared:
 
 
 def resolve_model_path(path: str, what: str) -> str:
-    """'tiny' -> the built tiny model (building it if needed); a local dir must exist; else a hub name."""
-    if path == "tiny":
+    """A tiny task's name ('tiny', 'tiny-carry') -> its built policy (building it if needed); a local dir must
+    exist; else a hub name."""
+    if path in TINY_SOURCES:
         from pcl.tiny.build import build_tiny
 
-        return str(build_tiny(seed=0, verbose=True))
+        return str(build_tiny(seed=0, verbose=True, task=path))
     p = Path(path).expanduser()
     if p.exists():
         if not (p / "config.json").is_file():
