@@ -4,12 +4,13 @@ the policy answers with a written scratchpad, one column at a time from the unit
     rows = make_dataset(4096, seed=0, split="train")
     rows[0]   # {"id": "tiny-carry-train-000000", "problem": "487+356", "answer": "843", "difficulty": 3}
     format_prompt("487+356")   # "487+356=" (the arithmetic task's prompt)
-    solution("487+356")        # "7+6=13,8+5+1=14,4+3+1=8,=843": what the warm-up teaches, then EOS
+    solution("487+356")        # "7+6=13,8+5+1=14,4+3+1=8,\\boxed{843}": what the warm-up teaches, then EOS
 
-Each column is written as its two digits, the carry when there is one, and their sum; the sum follows ",=". A
-response is 6 to 55 tokens (about 8 per column), so generation, not the learner, takes most of a step, as it
-does for the paper's reasoning models. The reward is the project's math reward of the whole response against the
-sum (math-verify reads the number after the last "=").
+Each column is written as its two digits, the carry when there is one, and their sum; the sum follows, boxed
+("\\boxed{" is one token of the task's tokenizer). A response is 8 to 64 tokens (about 8 per column), so
+generation, not the learner, takes most of a step, as it does for the paper's reasoning models. The reward is the
+project's math reward, which reads the last box (without a box, math-verify reads the whole text: a 1-digit
+problem's scratchpad alone, "1+5=6,", then scores 1, a longer one's 0).
 
 Why this shape (docs/results/tiny-task.md has the target profile and the measured one): a base model on MATH or
 DeepScaleR meets many prompts it always solves and many it never does, with a minority in between, so uniform
@@ -40,7 +41,7 @@ def level_name(level: int) -> str:
 
 
 def solution(problem: str) -> str:
-    """The scratchpad and sum for "a+b": columns from the units, "da+db[+1]=s", joined by ",", then ",=a+b"."""
+    """The scratchpad and sum for "a+b": columns from the units, "da+db[+1]=s", joined by ",", then ",\\boxed{a+b}"."""
     try:
         a_text, b_text = problem.split("+")
         a, b = int(a_text), int(b_text)
@@ -53,7 +54,7 @@ def solution(problem: str) -> str:
         total = int(da) + int(db) + carry
         columns.append(f"{da}+{db}" + ("+1" if carry else "") + f"={total}")
         carry = total // 10
-    return ",".join(columns) + f",={a + b}"
+    return ",".join(columns) + f",\\boxed{{{a + b}}}"
 
 
 def _operand(rng: random.Random, digits: int) -> int:

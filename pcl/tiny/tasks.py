@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pcl.tiny import carry, task
+from pcl.tiny.tokenizer import BOXED
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ ARITH = TinyTask(
 )
 
 CARRY = TinyTask(
-    name="tiny-carry", symbols=tuple("0123456789") + ("+", "-", "*", "=", ","), max_positions=128,
+    name="tiny-carry", symbols=tuple("0123456789") + ("+", "-", "*", "=", ",", BOXED, "}"), max_positions=128,
     train_rows=lambda size, seed: carry.make_dataset(size, seed, "train"),
     eval_rows=lambda size, seed: carry.make_dataset(size, seed, "eval"),
     warmup_rows=lambda size, seed: carry.make_dataset(size, seed, "train", carry.WARMUP_WEIGHTS, stream="warmup"),
