@@ -292,3 +292,23 @@ def test_task_families_are_the_tiny_sources_and_fit_their_tokenizer():
     assert len(build_tokenizer()) == len(VOCAB)  # the arithmetic task's vocabulary as before
     with pytest.raises(ValueError, match="tiny-carry"):
         tiny_task("nope")
+
+
+def test_quick_carry_build_has_its_own_tokenizer_rows_and_cache(tmp_path, monkeypatch):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from pcl.tiny import carry
+
+    monkeypatch.setenv("PCL_CACHE", str(tmp_path))
+    path = build_tiny(seed=1, steps=3, measure_prompts=8, target_pass_rate=None, task="tiny-carry")
+    assert path == tiny_dir(1, "tiny-carry") == tmp_path / "tiny-carry" / "seed-1"
+    assert json.loads((path / MARKER).read_text())["task"] == "tiny-carry"
+    rows = [json.loads(line) for line in (path / "train.jsonl").read_text().splitlines()]
+    assert rows == carry.make_dataset(build.TRAIN_SIZE, 1, "train")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ids = tokenizer("487+356=" + carry.solution("487+356"), add_special_tokens=False).input_ids
+    assert len(ids) == len("487+356=7+6=13,8+5+1=14,4+3+1=8,") + 1 + len("843}")  # "\boxed{" is one token
+    assert tokenizer.decode(ids) == "487+356=" + carry.solution("487+356")
+    assert AutoConfig.from_pretrained(path).max_position_embeddings == 128
+    report = json.loads((path / "report.json").read_text())
+    assert report["task"] == "tiny-carry" and set(report["pass_rates"]["by_difficulty"]) <= {"1", "2", "3", "4", "5", "6"}
