@@ -200,11 +200,11 @@ def measure_pass_rates(model, tokenizer, rows: list[dict], samples: int, seed: i
         responses = output[:, encoded.input_ids.shape[1] :].view(len(chunk), samples, -1)  # [prompts, n, T]
         for row, row_responses in zip(chunk, responses):
             rewards = []
-            for response in row_responses.tolist():
-                if tokenizer.eos_token_id not in response:
+            for sample in row_responses.tolist():
+                if tokenizer.eos_token_id not in sample:
                     rewards.append(0.0)  # truncated
                     continue
-                answer = response[: response.index(tokenizer.eos_token_id)]
+                answer = sample[: sample.index(tokenizer.eos_token_id)]
                 rewards.append(math_reward(tokenizer.decode(answer, skip_special_tokens=True), row["answer"]))
             rates.append(sum(rewards) / samples)
         if progress is not None:

@@ -312,3 +312,20 @@ def test_quick_carry_build_has_its_own_tokenizer_rows_and_cache(tmp_path, monkey
     assert AutoConfig.from_pretrained(path).max_position_embeddings == 128
     report = json.loads((path / "report.json").read_text())
     assert report["task"] == "tiny-carry" and set(report["pass_rates"]["by_difficulty"]) <= {"1", "2", "3", "4", "5", "6"}
+
+
+def test_measure_pass_rates_takes_a_task_response_over_several_chunks():
+    """Regression: the per-sample loop once reused the name of the `response` argument, so a second chunk of
+    prompts called a list."""
+    from transformers import Qwen3ForCausalLM
+
+    from pcl.tiny.tasks import CARRY
+
+    torch = pytest.importorskip("torch")
+    tokenizer = build_tokenizer(CARRY.symbols, CARRY.max_positions)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(build.policy_config(tokenizer, CARRY.max_positions)).eval()
+    rows = CARRY.train_rows(5, 0)
+    rates = build.measure_pass_rates(model, tokenizer, rows, samples=2, seed=0, batch_prompts=2,
+                                     response=CARRY.response)
+    assert len(rates) == 5 and all(r in (0.0, 0.5, 1.0) for r in rates)
