@@ -218,7 +218,9 @@ def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: 
                     bar.n = r["step"]
                     bar.refresh()
                 elif r.get("eval_accuracy") is not None:
-                    tqdm.write(f"step {r['step']:>4}/{total_steps}  eval_acc {r['eval_accuracy']:.3f}", file=stream)
+                    se = r.get("eval_accuracy_se")
+                    tqdm.write(f"step {r['step']:>4}/{total_steps}  eval_acc {r['eval_accuracy']:.3f}"
+                               + ("" if se is None else f" ± {se:.3f}"), file=stream)
             seen = len(records)
     finally:
         task.close()
