@@ -1,7 +1,7 @@
 """The `pcl` command line. Each subcommand parses its arguments and imports what it needs late, so that
 `pcl --help` returns at once.
 
-    pcl make-tiny [--seed 0] [--out DIR]                  build the embedded default's tiny task and model
+    pcl make-tiny [--seed 0] [--out DIR] [--task tiny|tiny-carry]   build a tiny task and its warm-started model
     pcl train CONFIG [MORE.yaml ...] [--run-dir DIR] [--resume [DIR]] [key=value ...]
     pcl control --redis-url URL (--run NAME | --config CONFIG) [key=value ...]   serve a run's control plane
     pcl status [--url URL] [--json]                        a run's status, as a table
@@ -25,7 +25,7 @@ import sys
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     from pcl.tiny.build import build_tiny
 
-    build_tiny(seed=args.seed, out_dir=args.out, force=args.force, verbose=True)
+    build_tiny(seed=args.seed, out_dir=args.out, force=args.force, verbose=True, task=args.task)
     return 0
 
 
@@ -207,6 +207,8 @@ def _add_training_commands(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="output directory (default: the cache directory for the seed)")
     p.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
+    p.add_argument("--task", default="tiny", choices=["tiny", "tiny-carry"],
+                   help="the task family: sums answered alone (tiny) or with a scratchpad (tiny-carry)")
     p.set_defaults(func=_cmd_make_tiny)
 
     p = sub.add_parser("probe-batch", help="generation time over batch sizes b = m*n: the knee and the recommended b")

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from pcl.config import Config, ConfigError, dump_config, redacted
+from pcl.config import TINY_SOURCES, Config, ConfigError, dump_config, redacted
 from pcl.runlog import METRICS_FILE, read_metrics
 
 log = logging.getLogger("pcl.train")
@@ -43,11 +43,12 @@ class Prepared:
 
 
 def resolve_model_path(path: str, what: str) -> str:
-    """'tiny' -> the built tiny model (building it if needed); a local dir must exist; else a hub name."""
-    if path == "tiny":
+    """A tiny task's name ('tiny', 'tiny-carry') -> its built policy (building it if needed); a local dir must
+    exist; else a hub name."""
+    if path in TINY_SOURCES:
         from pcl.tiny.build import build_tiny
 
-        return str(build_tiny(seed=0, verbose=True))
+        return str(build_tiny(seed=0, verbose=True, task=path))
     p = Path(path).expanduser()
     if p.exists():
         if not (p / "config.json").is_file():
@@ -229,7 +230,9 @@ def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: 
                     bar.n = r["step"]
                     bar.refresh()
                 elif r.get("eval_accuracy") is not None:
-                    tqdm.write(f"step {r['step']:>4}/{total_steps}  eval_acc {r['eval_accuracy']:.3f}", file=stream)
+                    se = r.get("eval_accuracy_se")
+                    tqdm.write(f"step {r['step']:>4}/{total_steps}  eval_acc {r['eval_accuracy']:.3f}"
+                               + ("" if se is None else f" ± {se:.3f}"), file=stream)
             seen = len(records)
     finally:
         task.close()

@@ -43,8 +43,13 @@ class RunConfig(Section):
     time_budget_s: float | None = Field(None, gt=0, description="Stop after this many wall-clock seconds.")
 
 
+# The tiny task families (pcl.tiny.tasks), each a data source and a model.path of its built policy.
+TINY_SOURCES = ("tiny", "tiny-carry")
+
+
 class DataConfig(Section):
-    source: str = Field("tiny", description="'tiny', a known dataset (math, deepscaler, math500, aime24, aime25, amc23, "
+    source: str = Field("tiny", description="A tiny task ('tiny': sums answered alone; 'tiny-carry': sums answered "
+                        "with a scratchpad, most prompts always or never solved), a known dataset (math, deepscaler, math500, aime24, aime25, amc23, "
                         "minerva, olympiadbench, or their Hugging Face names: pcl.datasets), a local .jsonl/.json/.parquet "
                         "path, or another Hugging Face dataset name.")
     root: str | None = Field(None, description="Directory of local copies of the known datasets (math500.jsonl, ...), "
@@ -60,13 +65,14 @@ class DataConfig(Section):
         "qwen_base", description="Prompt template: the paper's Qwen base suffix, the tokenizer's chat template, as is, or the tiny task's."
     )
     max_prompt_tokens: int = Field(1024, ge=1, description="Longer prompts are skipped and counted, never cut.")
-    eval_source: str | None = Field(None, description="Held-out set (same forms as `source`); 'tiny' uses the tiny task's.")
+    eval_source: str | None = Field(None, description="Held-out set (same forms as `source`); a tiny task's name uses its held-out split.")
     eval_size: int = Field(256, ge=1, description="Held-out prompts evaluated at each evaluation.")
     tiny_size: int = Field(4096, ge=16, description="Training prompts generated for the tiny task.")
 
 
 class ModelConfig(Section):
-    path: str = Field("tiny", description="Policy: a local Hugging Face directory, a hub name, or 'tiny' (the built tiny model).")
+    path: str = Field("tiny", description="Policy: a local Hugging Face directory, a hub name, or a tiny task's name "
+                      "('tiny', 'tiny-carry': its built policy).")
     tokenizer: str | None = Field(None, description="Tokenizer path; the model's when unset.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the policy lives.")

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Union
 
-from pcl.config import DataConfig
+from pcl.config import TINY_SOURCES, DataConfig
 from pcl.rows import UnreadableRow, load_rows
 from pcl.templates import apply_template
 
@@ -243,5 +243,5 @@ def load_prompts(
         data_cfg = data_cfg.model_copy(update={"prompt_field": fields.prompt, "answer_field": fields.answer,
                                                "id_field": fields.id})
         return build_prompts(read_known(known, root, revision), data_cfg, tokenizer, source=source)
-    rows = load_rows(source, tiny_split if source == "tiny" else hf_split, size=size, seed=seed, revision=revision)
+    rows = load_rows(source, tiny_split if source in TINY_SOURCES else hf_split, size=size, seed=seed, revision=revision)
     return build_prompts(rows, data_cfg, tokenizer, source=source)

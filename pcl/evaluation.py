@@ -87,10 +87,10 @@ def eval_plan(cfg) -> EvalPlan:
 
 
 def default_out_dir(model: str, model_path: str) -> Path:
-    """evals/<name>: 'tiny', a checkpoint's policy as <run>-step-NNNNNN, else the model directory's name."""
+    """evals/<name>: a tiny task's name, a checkpoint's policy as <run>-step-NNNNNN, else the model directory's name."""
     path = Path(model_path)
-    if model == "tiny":
-        name = "tiny"
+    if model in ("tiny", "tiny-carry"):
+        name = model
     elif path.name == "policy" and path.parent.name.startswith("step-"):
         name = f"{path.parents[2].name}-{path.parent.name}"  # RUN/checkpoints/step-NNNNNN/policy
     else:
@@ -148,6 +148,22 @@ def avg_at_k(rewards: list[list[float]] | np.ndarray) -> float:
     if not rows or any(len(r) == 0 for r in rows):
         raise ValueError("avg_at_k needs at least one prompt with at least one sample each")
     return float(np.mean([r.mean() for r in rows]))
+
+
+def accuracy_with_se(rewards: list[list[float]] | np.ndarray) -> tuple[float, float]:
+    """avg@k and the standard error of its sampling on these prompts: sqrt(sum_i s_i^2 / k_i) / prompts, s_i^2 the
+    unbiased variance of prompt i's k_i rewards. It is what moves between two evaluations of one policy on one
+    held-out set (runs compared on the same set share the choice of prompts, so that is left out). nan when a prompt
+    has fewer than 2 samples.
+
+    >>> accuracy_with_se([[1, 1], [0, 0], [1, 0], [0, 1]])
+    (0.5, 0.25)
+    """
+    accuracy = avg_at_k(rewards)
+    rows = [np.asarray(r, dtype=np.float64) for r in rewards]
+    if any(len(r) < 2 for r in rows):
+        return accuracy, float("nan")
+    return accuracy, float(np.sqrt(sum(r.var(ddof=1) / len(r) for r in rows)) / len(rows))
 
 
 @dataclass

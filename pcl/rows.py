@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pcl.config import ConfigError, DataConfig
+from pcl.config import TINY_SOURCES, ConfigError, DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +42,17 @@ class UnreadableRow(dict):
 
 def load_rows(source: str, split: str = "train", *, size: int | None = None, seed: int = 0,
               revision: str | None = None) -> list[dict]:
-    """The raw rows of a source: "tiny", a .jsonl / .json / .parquet path, or a Hugging Face dataset name
+    """The raw rows of a source: a tiny task ("tiny", "tiny-carry"), a .jsonl / .json / .parquet path, or a Hugging Face dataset name
     (or a local folder of data files, which `datasets` reads).
 
     `split` picks the Hugging Face split (and the tiny task's), `revision` the hub revision; `size` and `seed`
     only apply to "tiny"
     (default size: DataConfig.tiny_size). Unreadable JSON records come back as `UnreadableRow`s.
     """
-    if source == "tiny":
-        from pcl.tiny.task import make_dataset  # late: only tiny runs need it
+    if source in TINY_SOURCES:
+        from pcl.tiny.tasks import make_dataset  # late: only tiny runs need it
 
-        return make_dataset(size=DataConfig().tiny_size if size is None else size, seed=seed, split=split)
+        return make_dataset(source, size=DataConfig().tiny_size if size is None else size, seed=seed, split=split)
     path = Path(source).expanduser()
     if path.is_file():
         return read_file(path)

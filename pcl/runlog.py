@@ -92,20 +92,28 @@ def format_step_line(r: dict, total_steps: int) -> str:
             f"sel {f('selection_seconds', '.2f')}s  train {f('train_seconds', '.2f')}s  "
             f"sync {f('weight_sync_seconds', '.2f')}s  step {f('step_seconds', '.2f')}s")
     if r.get("eval_accuracy") is not None:
-        line += f"  eval_acc {r['eval_accuracy']:.3f}"
+        line += f"  eval_acc {r['eval_accuracy']:.3f}" + _se(r.get("eval_accuracy_se"))
     if r.get("suite_average") is not None:
         scores = " ".join(f"{k[6:]} {v:.3f}" for k, v in r.items() if k.startswith("suite_") and k != "suite_average")
         line += f"  suite {r['suite_average']:.3f} ({scores})"
     return line
 
 
+def _se(se: float | None) -> str:
+    """" ± 0.012" after a figure whose standard error is known, else nothing."""
+    return "" if se is None else f" ± {se:.3f}"
+
+
 def summarize(records: list[dict]) -> dict:
     """A run's headline figures from its metrics records: held-out accuracy at step 0, at the end and at
-    best; mean effective ratio; V's explained variance (mean over the second half of training, where V has
-    had time to learn); mean step and generation seconds; the run's wall-clock and training seconds."""
+    best, with the standard errors of the first and last evaluations (and of the gain between them, the two
+    evaluations taken as independent) where the records carry them; mean effective ratio; V's explained variance
+    (mean over the second half of training, where V has had time to learn); mean step and generation seconds;
+    the run's wall-clock and training seconds."""
     import statistics
 
-    evals = [(r["step"], r["eval_accuracy"]) for r in records if r.get("eval_accuracy") is not None]
+    evaluated = [r for r in records if r.get("eval_accuracy") is not None]
+    evals = [(r["step"], r["eval_accuracy"]) for r in evaluated]
     steps = [r for r in records if "effective_ratio" in r]
     half = steps[len(steps) // 2:]
 
@@ -118,6 +126,8 @@ def summarize(records: list[dict]) -> dict:
         "eval_accuracy_start": evals[0][1] if evals else None,
         "eval_accuracy_final": evals[-1][1] if evals else None,
         "eval_accuracy_best": max(a for _, a in evals) if evals else None,
+        "eval_accuracy_se_start": evaluated[0].get("eval_accuracy_se") if evals else None,
+        "eval_accuracy_se_final": evaluated[-1].get("eval_accuracy_se") if evals else None,
         "effective_ratio_mean": mean(steps, "effective_ratio"),
         "value_explained_variance_late": mean(half, "value_explained_variance"),
         "step_seconds_mean": mean(steps, "step_seconds"),
@@ -130,6 +140,8 @@ def summarize(records: list[dict]) -> dict:
     }
     if evals:
         out["eval_gain_points"] = 100 * (out["eval_accuracy_final"] - out["eval_accuracy_start"])
+        if out["eval_accuracy_se_start"] is not None and out["eval_accuracy_se_final"] is not None:
+            out["eval_gain_se_points"] = 100 * math.hypot(out["eval_accuracy_se_start"], out["eval_accuracy_se_final"])
     return out
 
 
@@ -154,8 +166,11 @@ def summary_report(run_dirs: list[str | os.PathLike]) -> str:
     for run, s in rows:
         lines.append(f"{run}:")
         if s.get("eval_accuracy_start") is not None:
-            lines.append(f"  held-out accuracy {s['eval_accuracy_start']:.3f} -> {s['eval_accuracy_final']:.3f} "
-                         f"(best {s['eval_accuracy_best']:.3f}), {s['eval_gain_points']:+.1f} points")
+            gain_se = s.get("eval_gain_se_points")
+            lines.append(f"  held-out accuracy {s['eval_accuracy_start']:.3f}{_se(s['eval_accuracy_se_start'])} -> "
+                         f"{s['eval_accuracy_final']:.3f}{_se(s['eval_accuracy_se_final'])} "
+                         f"(best {s['eval_accuracy_best']:.3f}), {s['eval_gain_points']:+.1f}"
+                         f"{'' if gain_se is None else f' ± {gain_se:.1f}'} points")
         split = [(name, s.get(f"{name}_seconds_mean")) for name in ("selection", "generation", "train", "weight_sync")]
         if s.get("step_seconds_mean"):
             lines.append(f"  {s['step_seconds_mean']:.2f} s/step: " + ", ".join(

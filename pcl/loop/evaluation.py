@@ -1,7 +1,7 @@
 """Evaluation during training, through the `Rollouts` port: held-out accuracy and the paper's benchmark suite.
 
     evaluation = Evaluation(cfg, rollouts, run_dir, held_out_prompts, suite)
-    record.update(evaluation.after_step(step, policy_version))   # eval_accuracy, suite_<name>, suite_average
+    record.update(evaluation.after_step(step, policy_version))   # eval_accuracy(_se), suite_<name>, suite_average
 
 Held-out accuracy is the mean verified reward of `run.eval_samples` samples per held-out prompt, every
 `run.eval_every` steps (and at step 0 and the last step). The suite is avg@k of each benchmark with the same k
@@ -15,7 +15,7 @@ import numpy as np
 
 from pcl.config import Config
 from pcl.data import PromptRecord
-from pcl.evaluation import avg_at_k, parse_k
+from pcl.evaluation import accuracy_with_se, avg_at_k, parse_k
 from pcl.loop.ports import Rollouts
 from pcl.progress import reporter
 
@@ -41,20 +41,25 @@ class Evaluation:
         """The evaluations due after `step` steps, as record keys (none when none is due)."""
         out = {}
         if self.held_out_due(step):
-            out["eval_accuracy"] = self.held_out(step, policy_version)
+            out.update(self.held_out(step, policy_version))
         if step and self.suite_due(step):
             out.update(self.run_suite(step, policy_version))
         return out
 
-    def held_out(self, step: int, policy_version: int) -> float:
-        """Held-out accuracy: mean verified reward of `run.eval_samples` samples per held-out prompt."""
+    def held_out(self, step: int, policy_version: int) -> dict[str, float]:
+        """Held-out accuracy (mean verified reward of `run.eval_samples` samples per held-out prompt) and its
+        standard error over prompts: `eval_accuracy`, `eval_accuracy_se`."""
         if not self.held_out_prompts:
-            return float("nan")
+            return {"eval_accuracy": float("nan")}
         n = self.cfg.run.eval_samples
         samples = self.rollouts.generate_rollouts(step, policy_version, [(p, n, 0) for p in self.held_out_prompts],
                                                   temperature=self.cfg.run.eval_temperature, tag="eval",
                                                   on_progress=reporter(self.run_dir, "held-out evaluation"))
-        return float(np.mean([s.reward for s in samples]))
+        rewards: dict[str, list[float]] = {}
+        for sample in samples:
+            rewards.setdefault(sample.prompt_id, []).append(sample.reward)
+        accuracy, se = accuracy_with_se(list(rewards.values()))
+        return {"eval_accuracy": accuracy, "eval_accuracy_se": se}
 
     def run_suite(self, step: int, policy_version: int) -> dict[str, float]:
         """avg@k of each benchmark as `suite_<name>`, and their mean as `suite_average`."""

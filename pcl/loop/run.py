@@ -43,7 +43,7 @@ class TrainingRun:
         self.clock.start()
         if loop.state.step == 0 and self.evaluation.held_out_due(0):
             with self.clock.excluded():
-                first = {"step": 0, "eval_accuracy": self.evaluation.held_out(0, loop.policy_version),
+                first = {"step": 0, **self.evaluation.held_out(0, loop.policy_version),
                          "policy_version": loop.policy_version}
             self.log.append(first)
             self.control.publish(first, loop.policy_version)

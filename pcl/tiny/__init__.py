@@ -1,6 +1,8 @@
-"""The embedded default's tiny synthetic task (DESIGN.md section 5), in three modules:
+"""The tiny synthetic tasks (DESIGN.md section 5) of the embedded default, in five modules:
 
 - `pcl.tiny.task`: additions of 1- to 4-digit numbers graded by difficulty, `make_dataset`, `format_prompt`;
+- `pcl.tiny.carry`: the scratchpad task in the paper's regime (`data.source: tiny-carry`), and `pcl.tiny.tasks`,
+  the registry of both task families by name;
 - `pcl.tiny.tokenizer`: the character-level tokenizer, saved as a Hugging Face tokenizer;
 - `pcl.tiny.build`: `build_tiny` (`pcl make-tiny`), which warm-starts a tiny Qwen3 policy and caches it
   under `tiny_dir(seed)`.

@@ -36,7 +36,8 @@ from typing import Callable, Iterator
 import torch
 
 from pcl.progress import Progress
-from pcl.tiny.task import LEVELS, format_prompt, make_dataset
+from pcl.tiny.task import format_prompt
+from pcl.tiny.tasks import ARITH, TinyTask, tiny_task
 from pcl.tiny.tokenizer import build_tokenizer
 
 MARKER = "COMPLETE"
@@ -46,16 +47,16 @@ EVAL_SIZE = 1024  # rows in eval.jsonl (covers data.eval_size)
 # policy learns to align the units digits) ends after a number of updates, not of examples. The learning rate
 # decays over WARMUP_DECAY_STEPS and then stays at its floor; a build whose probes have not reached the
 # target by then goes on (over the same shuffled rows again) up to WARMUP_STEPS.
-WARMUP_DECAY_STEPS = 800
-WARMUP_STEPS = 1200
+WARMUP_DECAY_STEPS = ARITH.decay_steps  # each task family (pcl.tiny.tasks) sets its own; these are "tiny"'s
+WARMUP_STEPS = ARITH.warmup_steps
 WARMUP_BATCH = 64
 WARMUP_LR = 2e-3
 MEASURE_PROMPTS = 512
 MEASURE_SAMPLES = 16
 # The warm-up's stop: the first probe (PROBE_PROMPTS training prompts x PROBE_SAMPLES samples, ~1.5 s) from
 # step PROBE_FROM on, every PROBE_EVERY steps, whose mean pass rate reaches TARGET_PASS_RATE; else WARMUP_STEPS.
-TARGET_PASS_RATE = 0.40
-PROBE_FROM = 400
+TARGET_PASS_RATE = ARITH.target_pass_rate
+PROBE_FROM = ARITH.probe_from
 PROBE_EVERY = 20
 PROBE_PROMPTS = 128
 PROBE_SAMPLES = 8
@@ -72,9 +73,9 @@ def cache_root() -> Path:
     return Path(os.environ.get("PCL_CACHE") or Path.home() / ".cache" / "pcl")
 
 
-def tiny_dir(seed: int = 0) -> Path:
-    """Where the tiny build for a seed is cached: $PCL_CACHE/tiny/seed-<seed>."""
-    return cache_root() / "tiny" / f"seed-{seed}"
+def tiny_dir(seed: int = 0, task: str = "tiny") -> Path:
+    """Where the tiny build of a task family for a seed is cached: $PCL_CACHE/<task>/seed-<seed>."""
+    return cache_root() / tiny_task(task).name / f"seed-{seed}"
 
 
 def _marker(path: str | os.PathLike) -> dict | None:
@@ -91,7 +92,7 @@ def is_complete(path: str | os.PathLike) -> bool:
     return _marker(path) is not None
 
 
-def policy_config(tokenizer) -> "Qwen3Config":
+def policy_config(tokenizer, max_positions: int = 64) -> "Qwen3Config":
     """The tiny Qwen3 architecture: 4 layers, width 128, 8 heads of 32, about 1.1 M parameters (tied embeddings).
 
     Eight heads rather than four, and an initialisation wider than the default 0.02 (about 1/sqrt(width)):
@@ -104,19 +105,21 @@ def policy_config(tokenizer) -> "Qwen3Config":
 
     return Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=8, head_dim=32, max_position_embeddings=64,
+        num_attention_heads=8, num_key_value_heads=8, head_dim=32, max_position_embeddings=max_positions,
         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, initializer_range=0.08, attn_implementation="eager",
     )
 
 
-def encode_for_training(rows: list[dict], tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded `<bos> prompt answer <eos>` sequences and their labels, both [N, L] int64.
+def encode_for_training(rows: list[dict], tokenizer, response: Callable[[dict], str] = ARITH.response,
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded `<bos> prompt response <eos>` sequences and their labels, both [N, L] int64; the response of a
+    row is `response(row)` (the arithmetic task's: the answer).
 
-    Labels are -100 except on the answer and its EOS: the warm-up teaches answering, not prompt statistics.
+    Labels are -100 except on the response and its EOS: the warm-up teaches answering, not prompt statistics.
     """
     prompts = tokenizer([format_prompt(r["problem"]) for r in rows]).input_ids
-    answers = tokenizer([r["answer"] for r in rows], add_special_tokens=False).input_ids
+    answers = tokenizer([response(r) for r in rows], add_special_tokens=False).input_ids
     targets = [answer + [tokenizer.eos_token_id] for answer in answers]
     length = max(len(p) + len(t) for p, t in zip(prompts, targets))
     pad = tokenizer.pad_token_id
@@ -175,10 +178,11 @@ def warm_up(model, input_ids: torch.Tensor, labels: torch.Tensor, steps: int, ba
 
 
 def measure_pass_rates(model, tokenizer, rows: list[dict], samples: int, seed: int,
-                       batch_prompts: int = 128, progress: Callable[[int], None] | None = None) -> list[float]:
+                       batch_prompts: int = 128, progress: Callable[[int], None] | None = None,
+                       response: Callable[[dict], str] = ARITH.response) -> list[float]:
     """Per-prompt pass rate: the mean reward of `samples` responses sampled at temperature 1.
 
-    Batched HF generate with left padding; max_new_tokens is the batch's longest answer + 2, and a
+    Batched HF generate with left padding; max_new_tokens is the batch's longest `response` + 2, and a
     response that does not end with EOS within it is truncated and scores 0 (DESIGN.md section 1, step 5).
     """
     from pcl.reward import math_reward
@@ -191,16 +195,16 @@ def measure_pass_rates(model, tokenizer, rows: list[dict], samples: int, seed: i
         with torch.no_grad():
             output = model.generate(
                 **encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=samples,
-                max_new_tokens=max(len(r["answer"]) for r in chunk) + 2,
+                max_new_tokens=max(len(response(r)) for r in chunk) + 2,
             )
         responses = output[:, encoded.input_ids.shape[1] :].view(len(chunk), samples, -1)  # [prompts, n, T]
         for row, row_responses in zip(chunk, responses):
             rewards = []
-            for response in row_responses.tolist():
-                if tokenizer.eos_token_id not in response:
+            for sample in row_responses.tolist():
+                if tokenizer.eos_token_id not in sample:
                     rewards.append(0.0)  # truncated
                     continue
-                answer = response[: response.index(tokenizer.eos_token_id)]
+                answer = sample[: sample.index(tokenizer.eos_token_id)]
                 rewards.append(math_reward(tokenizer.decode(answer, skip_special_tokens=True), row["answer"]))
             rates.append(sum(rewards) / samples)
         if progress is not None:
@@ -208,7 +212,8 @@ def measure_pass_rates(model, tokenizer, rows: list[dict], samples: int, seed: i
     return rates
 
 
-def summarize(rates: list[float], difficulties: list[int]) -> dict:
+def summarize(rates: list[float], difficulties: list[int], level_name: Callable[[int], str] = ARITH.level_name
+              ) -> dict:
     """The spread of pass rates: 10-bin histogram, mean, share in [0.1, 0.9], mean by difficulty level."""
     histogram = [0] * 10
     for rate in rates:
@@ -220,9 +225,13 @@ def summarize(rates: list[float], difficulties: list[int]) -> dict:
         "prompts": len(rates),
         "mean": sum(rates) / len(rates),
         "intermediate_share": sum(0.1 <= r <= 0.9 for r in rates) / len(rates),
+        "never_share": sum(r < 0.1 for r in rates) / len(rates),
+        "always_share": sum(r > 0.9 for r in rates) / len(rates),
+        # uniform GRPO's expected effective ratio at n=8: the chance a prompt's 8 samples are not all alike
+        "effective_ratio_n8": sum(1 - r**8 - (1 - r) ** 8 for r in rates) / len(rates),
         "histogram": histogram,
         "by_difficulty": {
-            str(level): {"name": LEVELS[level - 1].name, "prompts": len(v), "mean": sum(v) / len(v)}
+            str(level): {"name": level_name(level), "prompts": len(v), "mean": sum(v) / len(v)}
             for level, v in sorted(by_level.items())
         },
     }
@@ -245,6 +254,9 @@ def format_report(report: dict) -> str:
         lines.append(f"  [{i / 10:.1f}, {(i + 1) / 10:.1f}{']' if i == 9 else ')'} {count:5d} {bar}")
     lines.append(f"  mean pass rate {rates['mean']:.3f}; "
                  f"share with 0.1 <= p <= 0.9: {rates['intermediate_share']:.1%}")
+    if "never_share" in rates:  # reports of older builds lack these
+        lines.append(f"  p < 0.1: {rates['never_share']:.1%}; p > 0.9: {rates['always_share']:.1%}; uniform GRPO's "
+                     f"expected effective ratio at n=8: {rates['effective_ratio_n8']:.3f}")
     for level, stats in rates["by_difficulty"].items():
         lines.append(f"  difficulty {level} ({stats['name']}): {stats['prompts']:4d} prompts, "
                      f"mean {stats['mean']:.3f}")
@@ -291,14 +303,21 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def build_tiny(
     seed: int = 0, out_dir: str | os.PathLike | None = None, force: bool = False, verbose: bool = False,
-    steps: int = WARMUP_STEPS, measure_prompts: int = MEASURE_PROMPTS,
-    target_pass_rate: float | None = TARGET_PASS_RATE, probe_from: int = PROBE_FROM, probe_every: int = PROBE_EVERY,
+    steps: int | None = None, measure_prompts: int = MEASURE_PROMPTS,
+    target_pass_rate: float | None | str = "task", probe_from: int | None = None, probe_every: int = PROBE_EVERY,
+    task: str = "tiny",
 ) -> Path:
-    """Build (or find cached) the tiny task, tokenizer and warm-started policy; returns its directory.
+    """Build (or find cached) a tiny task family (pcl.tiny.tasks: "tiny", "tiny-carry"), its tokenizer and
+    warm-started policy; returns its directory.
 
-    `steps` (the most warm-up steps), `measure_prompts` and the probe settings default to the real build;
-    tests pass smaller values. `target_pass_rate=None` trains all `steps` without probing.
+    `steps` (the most warm-up steps), `target_pass_rate` and `probe_from` default to the task family's, the
+    other probe settings and `measure_prompts` to the real build's; tests pass smaller values.
+    `target_pass_rate=None` trains all `steps` without probing.
     """
+    family = tiny_task(task)
+    steps = family.warmup_steps if steps is None else steps
+    target_pass_rate = family.target_pass_rate if target_pass_rate == "task" else target_pass_rate
+    probe_from = family.probe_from if probe_from is None else probe_from
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     if steps < 1:
@@ -309,11 +328,13 @@ def build_tiny(
         raise ValueError(f"target_pass_rate must be in [0, 1] or None, got {target_pass_rate!r}")
     if probe_from < 1 or probe_every < 1:
         raise ValueError(f"probe_from and probe_every must be >= 1, got {probe_from} and {probe_every}")
-    target = Path(out_dir) if out_dir is not None else tiny_dir(seed)
+    target = Path(out_dir) if out_dir is not None else tiny_dir(seed, task)
     log = (lambda msg: print(msg, flush=True)) if verbose else (lambda _msg: None)  # flushed: logs show it live
-    wanted = {"format": BUILD_FORMAT, "seed": seed, "warmup_steps": steps, "decay_steps": WARMUP_DECAY_STEPS,
+    wanted = {"format": BUILD_FORMAT, "seed": seed, "warmup_steps": steps, "decay_steps": family.decay_steps,
               "measure_prompts": measure_prompts, "target_pass_rate": target_pass_rate, "probe_from": probe_from,
               "probe_every": probe_every}
+    if family is not ARITH:  # the arithmetic task's markers predate task families
+        wanted["task"] = family.name
     recorded = _marker(target)
     if recorded is not None and not force:
         if recorded.get("format") == BUILD_FORMAT:
@@ -323,7 +344,8 @@ def build_tiny(
     _remove_stale_staging(target)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
     try:
-        _build_into(staging, seed, steps, measure_prompts, log, target_pass_rate, probe_from, probe_every, verbose)
+        _build_into(staging, seed, steps, measure_prompts, log, target_pass_rate, probe_from, probe_every, verbose,
+                    family)
         (staging / MARKER).write_text(json.dumps(wanted) + "\n")  # last: the build is complete
         staging.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
         recorded = _marker(target)
@@ -357,7 +379,8 @@ def _remove_stale_staging(target: Path, max_age_s: float = 3600.0) -> None:
 
 
 def _probe_stop(model, tokenizer, rows: list[dict], seed: int, target_pass_rate: float | None, probe_from: int,
-                probe_every: int, probes: list[dict], log: Callable[[str], None]) -> Callable[[int], bool]:
+                probe_every: int, probes: list[dict], log: Callable[[str], None],
+                response: Callable[[dict], str] = ARITH.response) -> Callable[[int], bool]:
     """warm_up's `stop`: on probe steps, the mean sampled pass rate of `rows` (appended to `probes`) against
     the target."""
 
@@ -365,7 +388,7 @@ def _probe_stop(model, tokenizer, rows: list[dict], seed: int, target_pass_rate:
         if target_pass_rate is None or done < probe_from or (done - probe_from) % probe_every:
             return False
         with torch.random.fork_rng():  # the probe's sampling leaves the warm-up's generator alone
-            rates = measure_pass_rates(model, tokenizer, rows, PROBE_SAMPLES, seed=seed)
+            rates = measure_pass_rates(model, tokenizer, rows, PROBE_SAMPLES, seed=seed, response=response)
         probes.append({"step": done, "pass_rate": round(sum(rates) / len(rates), 4)})
         log(f"  probe at step {done}: pass rate {probes[-1]['pass_rate']:.3f} (target {target_pass_rate})")
         return probes[-1]["pass_rate"] >= target_pass_rate
@@ -374,28 +397,31 @@ def _probe_stop(model, tokenizer, rows: list[dict], seed: int, target_pass_rate:
 
 
 def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Callable[[str], None],
-                target_pass_rate: float | None, probe_from: int, probe_every: int, verbose: bool = False) -> None:
+                target_pass_rate: float | None, probe_from: int, probe_every: int, verbose: bool = False,
+                family: TinyTask = ARITH) -> None:
     """All of a build's files but the marker."""
     from transformers import GenerationConfig, Qwen3ForCausalLM
 
     started, cpu_started = time.perf_counter(), time.process_time()
-    log(f"building the tiny task and policy (seed {seed}, up to {steps} warm-up steps, {BUILD_THREADS} thread)")
-    tokenizer = build_tokenizer()
+    log(f"building the tiny task {family.name!r} and its policy (seed {seed}, up to {steps} warm-up steps, "
+        f"{BUILD_THREADS} thread)")
+    tokenizer = build_tokenizer(family.symbols, family.max_positions)
     tokenizer.save_pretrained(out)
-    decay_steps = min(steps, WARMUP_DECAY_STEPS)
-    train_rows = make_dataset(max(TRAIN_SIZE, decay_steps * WARMUP_BATCH), seed, "train")
-    _write_jsonl(out / "train.jsonl", train_rows[:TRAIN_SIZE])
-    _write_jsonl(out / "eval.jsonl", make_dataset(EVAL_SIZE, seed, "eval"))
+    decay_steps = min(steps, family.decay_steps)
+    train_rows = family.train_rows(TRAIN_SIZE, seed)
+    warmup_rows = family.warmup_rows(max(TRAIN_SIZE, decay_steps * WARMUP_BATCH), seed)
+    _write_jsonl(out / "train.jsonl", train_rows)
+    _write_jsonl(out / "eval.jsonl", family.eval_rows(EVAL_SIZE, seed))
     with deterministic_cpu(BUILD_THREADS):
         torch.manual_seed(seed)
-        model = Qwen3ForCausalLM(policy_config(tokenizer))
+        model = Qwen3ForCausalLM(policy_config(tokenizer, family.max_positions))
         log(f"policy: Qwen3, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters")
-        input_ids, labels = encode_for_training(train_rows, tokenizer)
+        input_ids, labels = encode_for_training(warmup_rows, tokenizer, family.response)
         # A seeded shuffle, so batches mix levels and the train.jsonl rows are spread through the run.
         order = torch.randperm(input_ids.shape[0], generator=torch.Generator().manual_seed(seed))
         probes: list[dict] = []
         stop = _probe_stop(model, tokenizer, train_rows[:PROBE_PROMPTS], seed, target_pass_rate, probe_from,
-                           probe_every, probes, log)
+                           probe_every, probes, log, family.response)
         warm_started = time.perf_counter()
         losses = warm_up(model, input_ids[order], labels[order], steps, WARMUP_BATCH, WARMUP_LR, log, stop,
                          decay_steps)
@@ -410,13 +436,13 @@ def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Cal
         with Progress(measure_prompts, "measuring pass rates", "prompt", lines=verbose,
                       terminal=None if verbose else False) as bar:
             rates = measure_pass_rates(model, tokenizer, train_rows[:measure_prompts], MEASURE_SAMPLES, seed=seed,
-                                       progress=bar.update)
+                                       progress=bar.update, response=family.response)
         measure_seconds = time.perf_counter() - measure_started
-    summary = summarize(rates, [r["difficulty"] for r in train_rows[:measure_prompts]])
+    summary = summarize(rates, [r["difficulty"] for r in train_rows[:measure_prompts]], family.level_name)
     taken = len(losses)
     tenth = math.ceil(taken / 10)
     report = {
-        "seed": seed, "warmup_steps": steps, "warmup_steps_taken": taken, "warmup_batch": WARMUP_BATCH,
+        "task": family.name, "seed": seed, "warmup_steps": steps, "warmup_steps_taken": taken, "warmup_batch": WARMUP_BATCH,
         "warmup_lr": WARMUP_LR, "warmup_decay_steps": decay_steps, "target_pass_rate": target_pass_rate,
         "probes": probes,
         "parameters": sum(p.numel() for p in model.parameters()),

@@ -21,14 +21,24 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 # The symbols of the task's problems and answers; '-' and '*' keep room for other operations.
 SYMBOLS = tuple("0123456789") + ("+", "-", "*", "=")
 VOCAB: dict[str, int] = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + SYMBOLS)}
+BOXED = "\\boxed{"  # the opener of a boxed answer, one token where a task uses it
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """The character-level tokenizer (18 tokens: 4 specials, 10 digits, '+', '-', '*', '=')."""
-    core = Tokenizer(models.WordLevel(vocab=dict(VOCAB), unk_token=UNK))
+def build_tokenizer(symbols: tuple[str, ...] = SYMBOLS, max_length: int = 64) -> PreTrainedTokenizerFast:
+    """The character-level tokenizer: the 4 specials, then `symbols` (default SYMBOLS: 18 tokens in all).
+
+    A symbol is one character, or the one multi-character token BOXED ("\\boxed{"), which the scratchpad task
+    (pcl.tiny.tasks) adds with ',' and '}' so that its answer is one token plus the digits and '}'.
+    `max_length` is the tokenizer's model_max_length."""
+    if len(set(symbols)) != len(symbols) or any(len(s) != 1 and s != BOXED for s in symbols):
+        raise ValueError(f"symbols must be distinct single characters (or {BOXED!r}), got {symbols!r}")
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + tuple(symbols))}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     core.normalizer = normalizers.Replace(Regex(r"\s+"), "")
-    # Every character is its own pre-token, so the word-level model sees single characters.
-    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # Every character is its own pre-token (BOXED too, when it is a symbol), so the word-level model sees
+    # single characters.
+    pattern = (r"\\boxed\{|." if BOXED in symbols else ".")
+    core.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
     core.post_processor = processors.TemplateProcessing(
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, VOCAB[BOS])]
     )
@@ -41,6 +51,6 @@ def build_tokenizer() -> PreTrainedTokenizerFast:
         pad_token=PAD,
         unk_token=UNK,
         padding_side="left",
-        model_max_length=64,
+        model_max_length=max_length,
         clean_up_tokenization_spaces=False,
     )

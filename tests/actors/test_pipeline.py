@@ -27,6 +27,7 @@ def test_pcl_trains_end_to_end_and_records_every_step(untrained_tiny, ray_sessio
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2, 3]
     assert records[0]["eval_accuracy"] is not None  # held-out accuracy at step 0
+    assert records[0]["eval_accuracy_se"] >= 0  # and its standard error (4 samples a prompt)
     steps = records[1:]
     for r in steps:
         assert set(STEP_KEYS) <= r.keys(), set(STEP_KEYS) - r.keys()

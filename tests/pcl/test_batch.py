@@ -77,3 +77,25 @@ def test_summary_of_a_run():
     assert s["eval_gain_points"] == pytest.approx(15.0)
     assert s["value_explained_variance_late"] == pytest.approx(0.5)  # the second half: steps 2 and 3
     assert s["effective_ratio_mean"] == 0.5
+
+
+def test_summary_carries_the_held_out_standard_errors():
+    from pcl.runlog import format_step_line, summarize
+
+    records = [{"step": 0, "eval_accuracy": 0.2, "eval_accuracy_se": 0.03},
+               {"step": 1, "effective_ratio": 0.5, "step_seconds": 1.0, "eval_accuracy": 0.35, "eval_accuracy_se": 0.04}]
+    s = summarize(records)
+    assert s["eval_accuracy_se_start"] == 0.03 and s["eval_accuracy_se_final"] == 0.04
+    assert s["eval_gain_se_points"] == pytest.approx(5.0)  # hypot(3, 4) points
+    assert "eval_acc 0.350 ± 0.040" in format_step_line(records[1], 1)
+    older = summarize(records[:1] + [{"step": 1, "eval_accuracy": 0.3}])  # a record written without its SE
+    assert older["eval_accuracy_se_final"] is None and "eval_gain_se_points" not in older
+
+
+def test_summary_report_prints_the_standard_errors(tmp_path):
+    from pcl.runlog import MetricsLog, summary_report
+
+    log = MetricsLog(tmp_path)
+    log.append({"step": 0, "eval_accuracy": 0.2, "eval_accuracy_se": 0.03})
+    log.append({"step": 1, "effective_ratio": 0.5, "step_seconds": 1.0, "eval_accuracy": 0.35, "eval_accuracy_se": 0.04})
+    assert "held-out accuracy 0.200 ± 0.030 -> 0.350 ± 0.040 (best 0.350), +15.0 ± 5.0 points" in summary_report([tmp_path])

@@ -162,3 +162,18 @@ def test_pcl_eval_names_bad_input(tmp_path):
     assert "unrecognized arguments: --k" in fail("--k", "8")  # the settings are the config's, not flags
     if importlib.util.find_spec("vllm") is None:
         assert "vLLM is not installed" in fail("evaluation.suite=[aime24]", "rollout.engine=vllm")
+
+
+
+def test_accuracy_with_se_is_the_sampling_error_on_the_prompts():
+    import numpy as np
+
+    from pcl.evaluation import accuracy_with_se
+
+    accuracy, se = accuracy_with_se([[1, 1], [0, 0], [1, 0], [0, 1]])
+    # prompts 3 and 4: variance 0.5 over 2 samples each; prompts 1 and 2 add nothing
+    assert accuracy == 0.5 and se == pytest.approx(np.sqrt(0.5 / 2 + 0.5 / 2) / 4)
+    assert accuracy_with_se([[1, 1, 1, 1], [0, 0, 0, 0]])[1] == 0.0  # always or never solved: no sampling noise
+    assert np.isnan(accuracy_with_se([[1.0], [0.0]])[1])  # one sample a prompt: unknown
+    # 4x the samples halve it
+    assert accuracy_with_se([[1, 0] * 8] * 10)[1] == pytest.approx(accuracy_with_se([[1, 0] * 2] * 10)[1] / 2, rel=0.15)

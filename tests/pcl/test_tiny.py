@@ -240,3 +240,92 @@ def test_full_build_spreads_pass_rates(tmp_path):
     assert 0.2 <= rates["mean"] <= 0.7, rates
     by_level = rates["by_difficulty"]
     assert by_level["1"]["mean"] > 0.8 and by_level["7"]["mean"] < 0.5, by_level  # easy and hard both occur
+
+
+def test_carry_solution_writes_each_column_then_the_sum():
+    from pcl.tiny.carry import solution
+
+    assert solution("487+356") == "7+6=13,8+5+1=14,4+3+1=8,\\boxed{843}"
+    assert solution("7+6") == "7+6=13,\\boxed{13}"
+    assert solution("999999+999999").count("+1=") == 5 and solution("999999+999999").endswith(",\\boxed{1999998}")
+    with pytest.raises(ValueError, match="487"):
+        solution("487-356")
+
+
+def test_carry_dataset_levels_splits_and_reward():
+    from pcl.reward import math_reward
+    from pcl.tiny import carry
+
+    rows = carry.make_dataset(600, seed=0, split="train")
+    assert rows == carry.make_dataset(600, seed=0, split="train") and rows[:100] == carry.make_dataset(100, 0, "train")
+    assert {r["difficulty"] for r in rows} == set(carry.LEVELS)
+    for row in rows:
+        a, b = row["problem"].split("+")
+        assert len(a) == len(b) == row["difficulty"] and int(a) + int(b) == int(row["answer"])
+        assert split_of(int(a), int(b)) == "train"
+    # the answers the warm-up teaches score 1 with the project's reward, a wrong last digit 0
+    for row in rows[:50]:
+        assert math_reward(carry.solution(row["problem"]), row["answer"]) == 1.0
+        assert math_reward(carry.solution(row["problem"])[:-2] + "}", row["answer"]) == 0.0  # last digit dropped
+        if row["difficulty"] > 1:  # a scratchpad without its box: no column's sum is the answer
+            assert math_reward(carry.solution(row["problem"]).split("\\boxed")[0], row["answer"]) == 0.0
+    held_out = carry.make_dataset(300, seed=0, split="eval")
+    assert not {r["problem"] for r in held_out} & {r["problem"] for r in carry.make_dataset(4000, 0, "train")}
+    # the warm-up's own stream leans to short additions
+    warm = carry.make_dataset(3000, seed=0, split="train", weights=carry.WARMUP_WEIGHTS, stream="warmup")
+    assert sum(r["difficulty"] <= 2 for r in warm) > 2 * sum(r["difficulty"] >= 5 for r in warm)
+
+
+def test_task_families_are_the_tiny_sources_and_fit_their_tokenizer():
+    from pcl.config import TINY_SOURCES
+    from pcl.tiny.tasks import TASKS, make_dataset as family_rows, tiny_task
+
+    assert tuple(TASKS) == TINY_SOURCES
+    assert family_rows("tiny", 50, 0, "train") == make_dataset(50, 0, "train")  # the arithmetic task unchanged
+    for name in TINY_SOURCES:
+        family = tiny_task(name)
+        tokenizer = build_tokenizer(family.symbols, family.max_positions)
+        for row in family.train_rows(200, 0):
+            ids = tokenizer(format_prompt(row["problem"]) + family.response(row)).input_ids
+            assert tokenizer.unk_token_id not in ids and len(ids) + 1 <= family.max_positions
+            assert tokenizer.decode(ids, skip_special_tokens=True) == format_prompt(row["problem"]) + family.response(row)
+    assert len(build_tokenizer()) == len(VOCAB)  # the arithmetic task's vocabulary as before
+    with pytest.raises(ValueError, match="tiny-carry"):
+        tiny_task("nope")
+
+
+def test_quick_carry_build_has_its_own_tokenizer_rows_and_cache(tmp_path, monkeypatch):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from pcl.tiny import carry
+
+    monkeypatch.setenv("PCL_CACHE", str(tmp_path))
+    path = build_tiny(seed=1, steps=3, measure_prompts=8, target_pass_rate=None, task="tiny-carry")
+    assert path == tiny_dir(1, "tiny-carry") == tmp_path / "tiny-carry" / "seed-1"
+    assert json.loads((path / MARKER).read_text())["task"] == "tiny-carry"
+    rows = [json.loads(line) for line in (path / "train.jsonl").read_text().splitlines()]
+    assert rows == carry.make_dataset(build.TRAIN_SIZE, 1, "train")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ids = tokenizer("487+356=" + carry.solution("487+356"), add_special_tokens=False).input_ids
+    assert len(ids) == len("487+356=7+6=13,8+5+1=14,4+3+1=8,") + 1 + len("843}")  # "\boxed{" is one token
+    assert tokenizer.decode(ids) == "487+356=" + carry.solution("487+356")
+    assert AutoConfig.from_pretrained(path).max_position_embeddings == 128
+    report = json.loads((path / "report.json").read_text())
+    assert report["task"] == "tiny-carry" and set(report["pass_rates"]["by_difficulty"]) <= {"1", "2", "3", "4", "5", "6"}
+
+
+def test_measure_pass_rates_takes_a_task_response_over_several_chunks():
+    """Regression: the per-sample loop once reused the name of the `response` argument, so a second chunk of
+    prompts called a list."""
+    from transformers import Qwen3ForCausalLM
+
+    from pcl.tiny.tasks import CARRY
+
+    torch = pytest.importorskip("torch")
+    tokenizer = build_tokenizer(CARRY.symbols, CARRY.max_positions)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(build.policy_config(tokenizer, CARRY.max_positions)).eval()
+    rows = CARRY.train_rows(5, 0)
+    rates = build.measure_pass_rates(model, tokenizer, rows, samples=2, seed=0, batch_prompts=2,
+                                     response=CARRY.response)
+    assert len(rates) == 5 and all(r in (0.0, 0.5, 1.0) for r in rates)
