@@ -34,7 +34,7 @@ import torch.distributed as dist
 from pcl.checkpoint import load_tensors
 from pcl.config import OptimizerConfig
 from pcl.rl import policy_gradient_loss, token_logprobs
-from pcl.sharding import agree, shard_by_layer, total_norm
+from pcl.sharding import agree, full_state, shard_by_layer, total_norm
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _PAD_ID = 0  # any valid id: padded positions are masked out of attention and loss
@@ -330,12 +330,7 @@ class PolicyLearner:
         Full rather than sharded: one plain dict that `torch.save` writes and that loads into any number
         of ranks; rank 0 holds the whole model and optimizer state in CPU memory while it is built.
         """
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model = get_model_state_dict(self.model, options=options)
-        optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        model, optimizer = full_state(self.model, self.optimizer)
         if self.rank != 0:
             return {}
         optimizer["state"] = {name: self._unshared(entry) for name, entry in optimizer["state"].items()}

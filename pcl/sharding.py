@@ -57,3 +57,14 @@ def agree(values: list[float], op: dist.ReduceOp, device: torch.device) -> list[
 def total_norm(norm: torch.Tensor) -> float:
     """A gradient norm from `clip_grad_norm_` as a float: the full (mesh-reduced) one for DTensor gradients."""
     return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """The full (unsharded) model and optimizer state dicts of an FSDP2 model, gathered to CPU on every rank
+    (a collective: every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return (get_model_state_dict(model, options=options),
+            get_optimizer_state_dict(model, optimizer, options=options))

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from pcl.checkpoint import load_tensors
 from pcl.rl import value_loss
-from pcl.sharding import agree, shard_by_layer
+from pcl.sharding import agree, full_state, shard_by_layer
 from pcl.value import ValueModel, ValueTrainer, resolve_score_dtype, score_copy
 
 
@@ -123,12 +123,7 @@ class ShardedValueTrainer(ValueTrainer):
 
     def state_dict(self) -> dict[str, Any]:
         """Full model and AdamW state on rank 0 (the unsharded trainer's format), {} on the others."""
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                             get_optimizer_state_dict)
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model = get_model_state_dict(self.model, options=options)
-        optimizer = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        model, optimizer = full_state(self.model, self.optimizer)
         if self.rank != 0:
             return {}
         index = {name: i for i, name in enumerate(self._names())}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 
-from pcl.tiny.task import SPLITS, format_prompt, split_of
+from pcl.tiny.task import check_dataset_args, format_prompt, split_of
 
 __all__ = ["LEVELS", "LEVEL_WEIGHTS", "WARMUP_WEIGHTS", "format_prompt", "make_dataset", "solution"]
 
@@ -69,12 +69,7 @@ def make_dataset(size: int, seed: int, split: str, weights: tuple[float, ...] = 
     Each row: id ("tiny-carry-<split>-<index:06d>"), problem ("a+b"), answer (str of a+b), difficulty (n). A
     dataset is deterministic for (size, seed, split, weights, stream) and a prefix of a larger one.
     """
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise ValueError(f"size must be a non-negative int, got {size!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    check_dataset_args(size, seed, split)
     if len(weights) != len(LEVELS) or min(weights) < 0 or sum(weights) <= 0:
         raise ValueError(f"weights must be {len(LEVELS)} non-negative numbers, not all 0, got {weights!r}")
     rng = random.Random(f"pcl-tiny-carry:{split}:{seed}:{stream}")

@@ -82,12 +82,7 @@ def make_dataset(size: int, seed: int, split: str) -> list[dict]:
     Each row: id ("tiny-<split>-<index:06d>"), problem ("a+b"), answer (str of a+b), difficulty (1..7,
     the 1-based index into LEVELS). Problems are unique within a dataset while a level has unused ones.
     """
-    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise ValueError(f"size must be a non-negative int, got {size!r}")
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"seed must be an int, got {seed!r}")
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    check_dataset_args(size, seed, split)
     rng = random.Random(f"pcl-tiny:{split}:{seed}")
     seen: set[tuple[int, int]] = set()
     rows = []
@@ -105,3 +100,14 @@ def make_dataset(size: int, seed: int, split: str) -> list[dict]:
             "difficulty": level_index + 1,
         })
     return rows
+
+
+def check_dataset_args(size, seed, split) -> None:
+    """A ValueError naming the bad argument of a tiny dataset: size a non-negative int, seed an int, split one
+    of SPLITS."""
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise ValueError(f"size must be a non-negative int, got {size!r}")
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"seed must be an int, got {seed!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
