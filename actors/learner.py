@@ -1,7 +1,7 @@
 """The learner group: M Ray actors forming one torch.distributed process group over an FSDP2 policy.
 
     group = LearnerGroup.create(cfg.learner, cfg.optimizer, policy, seed)   # policy: the model section, local path
-    stats = group.train(sequences, global_count)       # exactly one optimizer step (DESIGN 1.7)
+    stats = group.train(sequences, global_count)       # exactly one optimizer step (algorithm step 7)
     ref = group.state_ref()                           # full weights of rank 0, in the object store
 
 Each rank runs `pcl.learner.PolicyLearner`; this file only places the ranks, wires the process group

@@ -1,4 +1,4 @@
-"""RolloutWorker actor: one member of the rollout fleet (DESIGN 1.4).
+"""RolloutWorker actor: one member of the rollout fleet (algorithm step 4).
 
 It serves the request stream in a background thread with a generation engine (HF on CPU, vLLM on GPU) and
 takes versioned weights from the learner between steps. All logic is in `services.workers.RolloutService`.

@@ -1,4 +1,4 @@
-"""PromptSampler actor: draws each step's candidate prompts from the training set (DESIGN 1.1).
+"""PromptSampler actor: draws each step's candidate prompts from the training set (algorithm step 1).
 
 A thin wrapper over `pcl.sampler.PromptSampler` (seeded epoch shuffle, resumable cursor) and the prompt
 table (`pcl.data.PromptRecord`s, already templated and tokenised by the driver).

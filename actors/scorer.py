@@ -1,4 +1,4 @@
-"""ValueScorer actor: the value model V (DESIGN 1.2 and 1.8), over `value.num_ranks` processes.
+"""ValueScorer actor: the value model V (algorithm steps 2 and 8), over `value.num_ranks` processes.
 
 Scores the k*m candidates each step in batches (prompt-only forward pass) and trains on the m selected
 prompts' realised pass rates once their rewards are in, with its own optimizer. With one rank it is a thin

@@ -1,4 +1,4 @@
-"""RewardVerifier actor: scores rollout results with math-verify (DESIGN 1.5).
+"""RewardVerifier actor: scores rollout results with math-verify (algorithm step 5).
 
 A background thread serves the result stream through `services.workers.VerifierService`, which runs
 math-verify in a spawn-based process pool with a hard per-sample timeout, so no model output can hang it.

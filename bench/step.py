@@ -9,7 +9,7 @@ Both trainers start from the same policy checkpoint (the built tiny model when i
 a shorter warm-up of the same build, cached) and do the same work per optimizer step: m prompts x n
 samples of at most `max_new_tokens` tokens at temperature 1, rewards from `pcl.reward.math_reward` (0 when
 truncated), group-mean advantages without std scaling, no KL, and one on-policy AdamW step whose loss is
-normalised per sequence length (DESIGN.md 1.5-1.7; TRL: beta=0, scale_rewards="none", loss_type="grpo",
+normalised per sequence length (algorithm steps 5-7; TRL: beta=0, scale_rewards="none", loss_type="grpo",
 num_iterations=1, one generation batch of m*n completions per optimizer step, no gradient checkpointing).
 Each trainer runs in its own subprocess, never two at once: TRL as one process with 2 torch threads (and
 again with 1: on a shared 2-core machine its 2 OpenMP threads stall whenever a core is taken, see the doc),
@@ -104,7 +104,7 @@ class TreeCpu(threading.Thread):
 
 
 def trl_reward(max_new_tokens: int, eos_id: int, seconds: list[float]):
-    """pcl.reward.math_reward as a TRL reward function; a truncated response scores 0 (DESIGN 1.5).
+    """pcl.reward.math_reward as a TRL reward function; a truncated response scores 0 (algorithm step 5).
     Each call's wall time is appended to `seconds`."""
     from pcl.reward import math_reward
 
@@ -167,7 +167,7 @@ def run_trl(args: argparse.Namespace) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config,
                           train_dataset=data, processing_class=tokenizer, callbacks=[clock])
     rollout_times: list[float] = []
-    effective: list[float] = []  # share of non-zero advantages (DESIGN 1, metrics)
+    effective: list[float] = []  # share of non-zero advantages (docs/architecture.md)
     score = trainer._generate_and_score_completions  # generation + rewards + advantages, timed apart
 
     def timed_score(*a, **kw):

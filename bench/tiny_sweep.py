@@ -1,6 +1,6 @@
 """A single-process PCL / GRPO / oracle loop on the tiny task, for fast hyper-parameter sweeps.
 
-The same algorithm as the coordinator (DESIGN section 1) without Ray, Redis or FSDP: candidates from an
+The same algorithm as the coordinator (docs/architecture.md) without Ray, Redis or FSDP: candidates from an
 epoch-shuffled sampler, V's scores, select_closest, n samples at temperature 1, group-mean advantages,
 pcl.rl.policy_gradient_loss over the m*n batch with AdamW and gradient clipping, V trained on the
 selected prompts, 32 unfiltered probes per step for V's explained variance. `oracle` selects on true

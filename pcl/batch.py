@@ -6,7 +6,7 @@ The coordinator collects exactly one `Sample` per (prompt, sample index) for the
     seqs = training_sequences(groups)                    # only samples with a non-zero advantage
     shards = shard_sequences(seqs, world_size)           # balanced by token count, one list per rank
 
-Samples whose advantage is zero contribute nothing to the loss or its gradient (DESIGN 1.7: the loss is
+Samples whose advantage is zero contribute nothing to the loss or its gradient (algorithm step 7: the loss is
 sum_i (1/|y_i|) sum_l ratio_l * A_i over the batch), so they are not sent to the learner; the learner still
 divides by the full number of sequences m*n, which keeps the update identical to training on everything.
 """
@@ -44,7 +44,7 @@ class Groups:
 
     @property
     def pass_rates(self) -> np.ndarray:
-        """[m] mean reward per prompt: the realised pass rate p that V is trained towards (DESIGN 1.8)."""
+        """[m] mean reward per prompt: the realised pass rate p that V is trained towards (step 8)."""
         return self.rewards.mean(axis=1)
 
 
@@ -69,7 +69,7 @@ def group_samples(samples: Sequence[Sample], prompt_ids: Sequence[str], n: int) 
 
 
 def training_sequences(groups: Groups) -> list[dict]:
-    """The learner's input: one dict per sample with a non-zero advantage (DESIGN 1.6).
+    """The learner's input: one dict per sample with a non-zero advantage (algorithm step 6).
 
     Each dict has `prompt_token_ids`, `response_token_ids` (lists of int) and `advantage` (float).
     """

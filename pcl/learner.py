@@ -15,7 +15,7 @@ Master weights and AdamW state are float32; `dtype` is the compute dtype (FSDP2 
 the gathered parameters to it, gradients are reduced in float32) and the dtype of exported weights.
 
 Gradients are summed over ranks, not averaged: each rank's loss is already divided by the global number
-of sequences (DESIGN 1.7), so the ranks' gradients add up to the gradient of the whole batch.
+of sequences (algorithm step 7), so the ranks' gradients add up to the gradient of the whole batch.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class MicroBatch:
     input_ids: torch.Tensor  # [B, T] token ids, padded with _PAD_ID
     attention_mask: torch.Tensor  # [B, T] 1 on real tokens
     response_mask: torch.Tensor  # [B, T-1] 1 where the *next* token (input_ids[:, 1:]) is a response token
-    advantages: torch.Tensor  # [B] A_i of each sequence (DESIGN 1.6)
+    advantages: torch.Tensor  # [B] A_i of each sequence (algorithm step 6)
     num_tokens: int  # response tokens in the micro-batch
 
 
@@ -188,7 +188,7 @@ class PolicyLearner:
         return agree(values, op, self.device)
 
     def train_step(self, sequences: Sequence[dict], num_sequences: int) -> dict[str, float]:
-        """One optimizer step on this rank's share of the step's batch (DESIGN 1.7).
+        """One optimizer step on this rank's share of the step's batch (algorithm step 7).
 
         Args:
             sequences: this rank's sequences, dicts with prompt_token_ids, response_token_ids (non-empty
@@ -237,7 +237,7 @@ class PolicyLearner:
                             use_cache=False).logits  # [B, T, V]
         logprobs = token_logprobs(logits[:, :-1], batch.input_ids[:, 1:])  # [B, T-1]
         # On-policy: the sampling policy is the current one, so old_logprobs = logprobs and ratio = 1
-        # (DESIGN 1.7); the gradient is the REINFORCE gradient with the group-mean baseline.
+        # (algorithm step 7); the gradient is the REINFORCE gradient with the group-mean baseline.
         loss = policy_gradient_loss(logprobs, logprobs.detach(), batch.advantages, batch.response_mask,
                                     num_sequences=num_sequences)
         loss.backward()

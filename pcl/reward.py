@@ -1,4 +1,4 @@
-r"""The math reward (DESIGN.md section 1, step 5): 1.0 when a response's final answer matches the gold answer.
+r"""The math reward (algorithm step 5): 1.0 when a response's final answer matches the gold answer.
 
     >>> math_reward(r"Half of it, so the answer is \boxed{\frac{1}{2}}.", "0.5")
     1.0

@@ -1,4 +1,4 @@
-"""Reward scoring in spawned worker processes with a hard per-sample timeout (DESIGN.md section 2).
+"""Reward scoring in spawned worker processes with a hard per-sample timeout (docs/architecture.md).
 
     with RewardPool(processes=2, timeout_s=5.0) as pool:
         outcomes = pool.score_batch([(response, gold), ...])   # one RewardOutcome per pair, in order

@@ -1,4 +1,4 @@
-"""Advantages, losses and step metrics of PCL's policy and value updates (DESIGN.md section 1).
+"""Advantages, losses and step metrics of PCL's policy and value updates (docs/architecture.md).
 
 Pure torch functions, no state: the learner and the coordinator call them on batches of one step.
 
@@ -35,7 +35,7 @@ def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
 
 
 def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """Group-mean advantages A_ij = r_ij - mean_j r_ij (DESIGN 1, step 6; no std normalisation).
+    """Group-mean advantages A_ij = r_ij - mean_j r_ij (algorithm step 6; no std normalisation).
 
     Args:
         rewards: [m, n] reward of sample j of prompt i (integer rewards are cast to float32).
@@ -48,7 +48,7 @@ def group_advantages(rewards: torch.Tensor) -> torch.Tensor:
 
 
 def effective_ratio(rewards: torch.Tensor, atol: float = ADVANTAGE_ATOL) -> float:
-    """Fraction of samples with a non-zero advantage (DESIGN 1, metrics).
+    """Fraction of samples with a non-zero advantage (docs/architecture.md).
 
     Only these samples carry gradient in step 7; a prompt whose n rewards are all equal (all solved or
     all failed) contributes n zeros. An advantage with |A| <= `atol` counts as zero.
@@ -68,7 +68,7 @@ def effective_ratio(rewards: torch.Tensor, atol: float = ADVANTAGE_ATOL) -> floa
 def explained_variance(p: torch.Tensor, v: torch.Tensor) -> float:
     """How much of the spread of pass rates the value model explains: 1 - Var(p - v) / Var(p).
 
-    DESIGN 1, metrics. Population variances over the batch, computed in float64. 1 is a perfect value
+    docs/architecture.md. Population variances over the batch, computed in float64. 1 is a perfect value
     model, 0 is as good as predicting the batch mean, negative is worse than that.
 
     Args:
@@ -98,7 +98,7 @@ def policy_gradient_loss(
     mask: torch.Tensor,
     num_sequences: int | None = None,
 ) -> torch.Tensor:
-    """Loss of the on-policy step: minimising it maximises E[(1/|y|) sum_l ratio_l * A] (DESIGN 1, step 7).
+    """Loss of the on-policy step: minimising it maximises E[(1/|y|) sum_l ratio_l * A] (algorithm step 7).
 
     ratio_l = exp(logprobs_l - old_logprobs_l) with the old log-probs detached, so at pi = pi_t the
     ratio is 1 and the gradient is the REINFORCE gradient with the group-mean baseline: no clipping,
@@ -143,7 +143,7 @@ def policy_gradient_loss(
 def value_loss(
     values: torch.Tensor, targets: torch.Tensor, reduction: Literal["sum", "mean"] = "sum"
 ) -> torch.Tensor:
-    """Squared error of the value model against the observed pass rates (DESIGN 1, step 8).
+    """Squared error of the value model against the observed pass rates (algorithm step 8).
 
     Args:
         values: [m] V(x_i) of the selected prompts (with grad).

@@ -1,7 +1,7 @@
 """The prompt sampler: a seeded, epoch-shuffled stream of dataset indices with an exactly resumable cursor.
 
     sampler = PromptSampler(num_prompts=len(records), seed=cfg.run.seed)
-    candidates = sampler.sample(k * m)      # step 1 of DESIGN.md section 1: k*m candidate prompts
+    candidates = sampler.sample(k * m)      # step 1 of docs/architecture.md: k*m candidate prompts
     state = sampler.state_dict()            # JSON-serialisable; goes into the checkpoint
     sampler.load_state_dict(state)          # resumes the very same stream
 

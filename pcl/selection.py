@@ -1,4 +1,4 @@
-"""Prompt selection by predicted pass rate: the greedy choice of PCL (DESIGN.md section 1, step 3).
+"""Prompt selection by predicted pass rate: the greedy choice of PCL (algorithm step 3).
 
 Each step the value model scores k*m candidate prompts with a predicted pass rate V(x) in [0, 1];
 PCL trains on the m candidates whose V(x) is closest to the target tau, because prompts solved about
@@ -38,7 +38,7 @@ def _as_float64_vector(values: Any) -> np.ndarray:
 
 
 def select_closest(values: Any, m: int, tau: float) -> np.ndarray:
-    """Indices of the m candidates whose predicted pass rate is closest to `tau` (DESIGN 1, step 3).
+    """Indices of the m candidates whose predicted pass rate is closest to `tau` (algorithm step 3).
 
     Args:
         values: shape [k*m], predicted pass rate V(x) of each candidate prompt, each in [0, 1]

@@ -1,6 +1,6 @@
 """The value model V(x): a transformer backbone plus a scalar head predicting a prompt's pass rate.
 
-PCL scores k*m candidate prompts with V every step (DESIGN 1, step 2), keeps the m closest to tau, and
+PCL scores k*m candidate prompts with V every step (algorithm step 2), keeps the m closest to tau, and
 then trains V on those m prompts against their measured pass rates (step 8):
 
     model = ValueModel.from_pretrained(policy_path, dtype="float32", device="cpu")
@@ -156,7 +156,7 @@ def score_copy(model: ValueModel, dtype: torch.dtype) -> ValueModel:
 
 
 class ValueTrainer:
-    """Scores prompts with a ValueModel and trains it with its own AdamW (DESIGN 1, steps 2 and 8).
+    """Scores prompts with a ValueModel and trains it with its own AdamW (algorithm steps 2 and 8).
 
     Dropout stays off in training too (the model is kept in eval mode): the targets are already noisy
     pass-rate estimates, and a deterministic forward makes a step reproducible.
@@ -232,7 +232,7 @@ class ValueTrainer:
 
     def train_step(self, token_ids_list: Sequence[Sequence[int]],
                    targets: Sequence[float]) -> dict[str, float]:
-        """One AdamW step on sum_i (V(x_i) - p_i)^2 (DESIGN 1, step 8; `pcl.rl.value_loss`, reduction "sum").
+        """One AdamW step on sum_i (V(x_i) - p_i)^2 (algorithm step 8; `pcl.rl.value_loss`, reduction "sum").
 
         Args:
             token_ids_list: m prompts (token ids).

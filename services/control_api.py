@@ -1,4 +1,4 @@
-"""The control plane: a FastAPI app over one run's control state in Redis (DESIGN.md sections 2 and 4).
+"""The control plane: a FastAPI app over one run's control state in Redis (docs/architecture.md).
 
     app = create_app(ControlStore(client, "tiny"), token="...")
     server = ControlServer(app, "127.0.0.1", 8600).start()      # uvicorn in a background thread; server.url

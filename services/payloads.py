@@ -1,6 +1,6 @@
 """The records that travel between actors on the Redis streams, and their wire encoding.
 
-Three streams carry one record type each (DESIGN.md section 2):
+Three streams carry one record type each (docs/architecture.md):
 
     coordinator --RolloutRequest--> rollout workers --RolloutResult--> verifiers --RewardNote--> coordinator
 

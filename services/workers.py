@@ -8,7 +8,7 @@
 
 On-policy is enforced here: a request is served only by weights of exactly its `policy_version`. A request
 for an older version is acknowledged and counted, never generated; one for a newer version is handed back
-so a worker that already holds those weights takes it. Truncated responses are rewarded 0 (DESIGN 1.5).
+so a worker that already holds those weights takes it. Truncated responses are rewarded 0 (algorithm step 5).
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class VerifierService:
         return sum(len(g) for g in groups)
 
     def _reward(self, result: RolloutResult, entry_id: str, position: int, outcome) -> RewardNote:
-        """The reward note of one result; truncated responses get 0 without a verdict (DESIGN 1.5)."""
+        """The reward note of one result; truncated responses get 0 without a verdict (algorithm step 5)."""
         self.counts["verified"] += 1
         if outcome is None:
             self.counts["truncated"] += 1

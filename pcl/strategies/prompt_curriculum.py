@@ -1,4 +1,4 @@
-"""PCL (`selection.type: pcl`, DESIGN 1.1-1.3): V scores k*m candidates, the m closest to tau are rolled out.
+"""PCL (`selection.type: pcl`, algorithm steps 1-3): V scores k*m candidates; the m closest to tau roll out.
 
 tau and k are tunable: the control plane changes them between steps (`tune`) and the next step uses the new
 values. With `pipelined`, the coordinator draws and scores step t+1's candidates while step t generates (V

@@ -1,4 +1,4 @@
-"""The tiny synthetic tasks (DESIGN.md section 5) of the embedded default, in five modules:
+"""The tiny synthetic tasks (README.md) of the embedded default, in five modules:
 
 - `pcl.tiny.task`: additions of 1- to 4-digit numbers graded by difficulty, `make_dataset`, `format_prompt`;
 - `pcl.tiny.carry`: the scratchpad task in the paper's regime (`data.source: tiny-carry`), and `pcl.tiny.tasks`,

@@ -183,7 +183,7 @@ def measure_pass_rates(model, tokenizer, rows: list[dict], samples: int, seed: i
     """Per-prompt pass rate: the mean reward of `samples` responses sampled at temperature 1.
 
     Batched HF generate with left padding; max_new_tokens is the batch's longest `response` + 2, and a
-    response that does not end with EOS within it is truncated and scores 0 (DESIGN.md section 1, step 5).
+    response that does not end with EOS within it is truncated and scores 0 (algorithm step 5).
     """
     from pcl.reward import math_reward
 

@@ -2,7 +2,7 @@
 
 Two process groups are started once per module (2 ranks, then 1 rank; see learner_worker.py); each test
 checks one property of their saved results. The reference is a plain, unsharded Qwen3 that computes the
-step-7 gradient (DESIGN 1.7) one sequence at a time with log_softmax, then takes the same AdamW step.
+step-7 gradient (algorithm step 7) one sequence at a time with log_softmax, then takes the same AdamW step.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Advantages, effective ratio, explained variance and the losses of DESIGN.md section 1, pinned by hand
+"""Advantages, effective ratio, explained variance and the losses of docs/architecture.md, pinned by hand
 and checked as properties: the step-7 gradient is the REINFORCE gradient with the group-mean baseline,
 and micro-batches with a global `num_sequences` add up to the full batch."""
 

@@ -1,5 +1,5 @@
 """The value model and its trainer on a tiny random Qwen3 (and a tiny BERT encoder): range, padding
-invariance, the DESIGN 1.8 loss, learning, micro-batch accumulation, checkpoints and determinism."""
+invariance, the value loss, learning, micro-batch accumulation, checkpoints and determinism."""
 
 from __future__ import annotations
 
