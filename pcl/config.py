@@ -9,9 +9,10 @@ problem naming the dotted key, the file it came from and the allowed values, bef
 
 from __future__ import annotations
 
+
 import os
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, Union, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -407,7 +408,8 @@ def _describe(err: dict, source: str) -> str:
     return f"{source}: '{loc}': {err['msg']} (got {err.get('input')!r})"
 
 
-_STRATEGY_TAGS = {"uniform", "pcl", "prefilter", "dynamic_sampling", "speed", "greso"}
+# The discriminator tags of the selection union (pydantic puts them in error locations): every strategy's.
+_STRATEGY_TAGS = {model.model_fields["type"].default for model in get_args(get_args(Selection)[0])}
 
 
 def validate_tree(tree: dict, source: str = "<config>") -> Config:

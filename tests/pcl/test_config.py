@@ -63,6 +63,14 @@ def test_out_of_range_value_names_field_and_range(tmp_path):
         load_config(write(tmp_path, "{}\n"), ["run.m=0"])
 
 
+@pytest.mark.parametrize("strategy", ["uniform", "pcl", "prefilter", "dynamic_sampling", "speed", "greso", "probe"])
+def test_a_bad_selection_setting_is_named_without_the_strategy_tag(tmp_path, strategy):
+    """Every strategy's bad setting reads `selection.<key>`, as the user wrote it (not `selection.<type>.<key>`)."""
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, "{}\n"), [f"selection.type={strategy}", "selection.bogus=1"])
+    assert "unknown key 'selection.bogus'" in str(exc.value), str(exc.value)
+
+
 def test_unknown_strategy_lists_the_allowed_ones(tmp_path):
     with pytest.raises(ConfigError, match="dynamic_sampling"):
         load_config(write(tmp_path, "selection: {type: oracle}\n"))
