@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pcl.config import Config, ConfigError
-from services.tracker_backends import flat_config
+from services.tracker_backends import ADAPTERS, flat_config
 
 TRACKERS_FILE = "trackers.json"
 # backend -> (module that must be importable, the pip extra that installs it)
@@ -88,8 +88,6 @@ class Trackers:
              checkpoint: Path | None = None) -> "Trackers":
         """Start each named tracker: new tracker runs, or with `resume` the ones named in RUN_DIR/trackers.json
         (or the checkpoint's copy)."""
-        from services import tracker_backends as tb
-
         run_dir = Path(run_dir)
         state = read_state(run_dir, checkpoint) if resume else {}
         ids = state.setdefault("ids", {})
@@ -98,7 +96,7 @@ class Trackers:
             if name not in LIBRARIES:
                 continue
             try:  # no login, a server out of reach, a bad URI: named before any actor starts
-                trackers.adapters[name] = tb.ADAPTERS[name](cfg, run_dir, ids.get(name))
+                trackers.adapters[name] = ADAPTERS[name](cfg, run_dir, ids.get(name))
             except Exception as exc:  # noqa: BLE001 - any library's error, reported as a configuration problem
                 trackers.close(failed=True)
                 why = " ".join(str(exc).split())[:300] or type(exc).__name__

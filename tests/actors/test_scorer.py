@@ -14,18 +14,6 @@ PROMPTS = [[4, 5, 6], [7, 8, 9, 10, 11, 12, 13], [5], [6, 6, 6, 6, 6], [20, 21, 
 RATES = [0.1, 0.9, 0.5, 0.0, 1.0]
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    from entrypoints.train import start_ray
-
-    own = start_ray()
-    yield
-    if own:
-        ray.shutdown()
-
-
 def test_two_value_ranks_score_and_train_as_one(ray_session, tiny_model_dir, tmp_path):
     import ray
 
