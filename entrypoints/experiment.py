@@ -3,7 +3,8 @@
     pcl experiment configs/experiments/tiny-compare.yaml
 
 An experiment config names a base run config, overrides common to every run, one list of overrides per arm
-(a selection strategy and its settings), the seeds and one wall-clock training budget. Every arm runs with
+(a selection strategy and its settings), the seeds and one training budget (seconds of training, evaluations and
+checkpoint writes excluded: the paper's clock). Every arm runs with
 every seed, one after another on the same machine, each run a normal `pcl train` run in
 `{runs_dir}/{arm}-seed{seed}` (finished runs are kept and skipped when the command is repeated). Before a seed's
 runs, the initial policy's pass rate of every training prompt (n_pre rollouts each, single process) is cached
@@ -33,7 +34,8 @@ class ExperimentConfig(BaseModel):
     strategies: dict[str, list[str]] = Field(min_length=1,
                                              description="arm name -> its overrides (selection.type=...).")
     seeds: list[int] = Field(min_length=1, description="Each arm runs once per seed (run.seed).")
-    budget_s: float = Field(gt=0, description="Wall-clock training budget of every run (run.time_budget_s).")
+    budget_s: float = Field(gt=0, description="Training budget of every run in seconds of training, evaluations "
+                            "and checkpoint writes excluded (run.train_budget_s).")
     target_accuracy: float | None = Field(None, ge=0, le=1, description="Held-out accuracy whose first reaching "
                                           "is timed; or give target_gain.")
     target_gain: float | None = Field(None, gt=0, le=1, description="Timed instead: first reaching the run's own "
@@ -78,7 +80,7 @@ def load_experiment(path: str | Path) -> ExperimentConfig:
 def run_config(exp: ExperimentConfig, arm: str, seed: int):
     """The validated run config of one arm and seed."""
     return load_config(exp.base, [*exp.overrides, *exp.strategies[arm], f"run.seed={seed}",
-                                  f"run.time_budget_s={exp.budget_s}", f"run.name={exp.name}-{arm}-s{seed}"])
+                                  f"run.train_budget_s={exp.budget_s}", f"run.name={exp.name}-{arm}-s{seed}"])
 
 
 def run_experiment(path: str | Path) -> int:

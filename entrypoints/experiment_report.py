@@ -13,6 +13,7 @@ Numbers come only from the runs' metrics.jsonl files.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -65,13 +66,30 @@ def run_figures(records: list[dict], target: float, gain: bool = False) -> dict:
     }
 
 
+def _se(values: list) -> float | None:
+    """The standard error of the mean of `values` (None below two values)."""
+    values = [v for v in values if v is not None]
+    return statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
+
+
 def arm_figures(runs: list[dict]) -> dict:
-    """Mean figures of one arm over its seeds; time to target over the seeds that reached it."""
+    """Mean figures of one arm over its seeds, with the standard error over seeds of the best accuracy and the
+    time to target; time to target over the seeds that reached it.
+
+    >>> f = arm_figures([{"accuracy_best": 0.5, "time_to_target": 10.0}, {"accuracy_best": 0.6, "time_to_target": None}])
+    >>> f["accuracy_best"], round(f["accuracy_best_se"], 3), f["time_to_target"], f["time_to_target_se"], f["reached"]
+    (0.55, 0.05, 10.0, None, '1/2')
+    """
     out = {key: _mean([r[key] for r in runs]) for key in runs[0] if key != "time_to_target"}
     reached = [r["time_to_target"] for r in runs if r["time_to_target"] is not None]
-    out["time_to_target"] = _mean(reached)
+    out["time_to_target"], out["time_to_target_se"] = _mean(reached), _se(reached)
+    out["accuracy_best_se"] = _se([r["accuracy_best"] for r in runs])
     out["reached"] = f"{len(reached)}/{len(runs)}"
     return out
+
+
+def _with_se(value, se, fmt: str) -> str:
+    return _cell(value, fmt) + ("" if value is None or se is None else " ± " + format(se, fmt))
 
 
 def _cell(value, fmt: str) -> str:
@@ -83,8 +101,9 @@ def table(figures: dict[str, dict], target: str) -> str:
             " (s) | mean effective ratio | generation s/step | selection s/step | samples generated / step | steps |")
     lines = [head, "|" + "---|" * 9]
     for arm, f in figures.items():
-        lines.append(f"| {arm} | {f['reached']} | {_cell(f['accuracy_best'], '.3f')} | "
-                     f"{_cell(f['time_to_target'], '.0f')} | {_cell(f['effective_ratio'], '.3f')} | "
+        lines.append(f"| {arm} | {f['reached']} | {_with_se(f['accuracy_best'], f['accuracy_best_se'], '.3f')} | "
+                     f"{_with_se(f['time_to_target'], f['time_to_target_se'], '.0f')} | "
+                     f"{_cell(f['effective_ratio'], '.3f')} | "
                      f"{_cell(f['generation_seconds'], '.2f')} | {_cell(f['selection_seconds'], '.3f')} | "
                      f"{_cell(f['samples_per_step'], '.0f')} | {_cell(f['steps'], '.0f')} |")
     return "\n".join(lines)
@@ -155,15 +174,17 @@ def write_report(exp) -> Path:
         f"Written by `pcl experiment` on {time.strftime('%Y-%m-%d %H:%M')} ({platform.machine()}, "
         f"{os.cpu_count()} CPU cores). Base config `{exp.base}` with "
         f"{', '.join(f'`{o}`' for o in exp.overrides) or 'no overrides'}; "
-        f"every arm with seeds {exp.seeds}, one after another, each with a wall-clock training budget of "
-        f"{exp.budget_s:g} s (held-out evaluations included, actor start-up not).",
+        f"every arm with seeds {exp.seeds}, one after another, each with a training budget of "
+        f"{exp.budget_s:g} s on the paper's clock (`run.train_budget_s`: held-out evaluations, checkpoint "
+        "writes and actor start-up excluded).",
         "",
         "Arms: " + "; ".join(f"**{arm}** " + " ".join(f"`{o}`" for o in arm_overrides)
                              for arm, arm_overrides in exp.strategies.items()) + ".",
         "",
         table(figures, target_name),
         "",
-        "Best held-out accuracy, effective ratio and seconds per step are means over the seeds; time to target ("
+        "Best held-out accuracy, effective ratio and seconds per step are means over the seeds (± the standard "
+        "error over seeds); time to target ("
         + (f"the run's step-0 held-out accuracy + {target:.2f}" if gain else f"held-out accuracy {target:.2f}")
         + ") is the mean over the seeds that reached it, in seconds of training (evaluations and checkpoint writes "
         "excluded). Generation seconds include every generation round of a step (screening and refills), not the "

@@ -38,10 +38,16 @@ class RunConfig(Section):
     m: int = Field(512, ge=1, description="Prompts per step (the paper's m).")
     n: int = Field(16, ge=1, description="Generations per prompt (the paper's n).")
     eval_every: int = Field(10, ge=0, description="Held-out evaluation every N steps (and at step 0); 0 disables.")
+    eval_every_s: float | None = Field(None, gt=0, description="Held-out evaluation instead each time another N "
+                                       "seconds of training have passed (evaluations excluded), and at step 0: "
+                                       "the same spacing in time for strategies whose steps take different time.")
     eval_samples: int = Field(4, ge=1, description="Samples per held-out prompt; accuracy is their mean reward.")
     eval_temperature: float | None = Field(None, ge=0, le=5, description="Held-out sampling temperature; rollout.temperature when unset.")
     run_dir: str | None = Field(None, description="Where metrics and checkpoints go; --run-dir overrides.")
     time_budget_s: float | None = Field(None, gt=0, description="Stop after this many wall-clock seconds.")
+    train_budget_s: float | None = Field(None, gt=0, description="Stop after this many seconds of training "
+                                         "(train_elapsed_seconds: evaluations and checkpoint writes excluded), "
+                                         "the paper's clock; the last evaluation is taken at the stop.")
 
 
 # The tiny task families (pcl.tiny.tasks), each a data source and a model.path of its built policy.

@@ -4,7 +4,8 @@
     record.update(evaluation.after_step(step, policy_version))   # eval_accuracy(_se), suite_<name>, suite_average
 
 Held-out accuracy is the mean verified reward of `run.eval_samples` samples per held-out prompt, every
-`run.eval_every` steps (and at step 0 and the last step). The suite is avg@k of each benchmark with the same k
+`run.eval_every` steps, or each time another `run.eval_every_s` seconds of training have passed (and at step 0
+and the last step, or the step that spends `run.train_budget_s`). The suite is avg@k of each benchmark with the same k
 and decoding as `pcl eval`, every `evaluation.every` steps and at the last step. Their time is not training
 time: the run excludes it from `train_elapsed_seconds`.
 """
@@ -26,21 +27,31 @@ class Evaluation:
         self.cfg, self.rollouts, self.run_dir = cfg, rollouts, run_dir
         self.held_out_prompts = held_out
         self.suite = suite or {}
+        self.next_at: float | None = None  # with run.eval_every_s: the training seconds of the next evaluation
 
-    def held_out_due(self, step: int) -> bool:
-        """Whether held-out accuracy is measured after `step` steps (1-based; 0 is before the first)."""
-        every = self.cfg.run.eval_every
+    def held_out_due(self, step: int, train_seconds: float = 0.0, last: bool = False) -> bool:
+        """Whether held-out accuracy is measured after `step` steps (1-based; 0 is before the first), with
+        `train_seconds` of training done; `last`: the run stops after this step."""
+        every, every_s = self.cfg.run.eval_every, self.cfg.run.eval_every_s
         if step == 0:
-            return bool(every)
-        return bool(every and step % every == 0) or step == self.cfg.run.steps
+            return bool(every or every_s)
+        if every_s:
+            if self.next_at is None:  # the first step of a run, or of a resumed one
+                self.next_at = every_s if step == 1 else (train_seconds // every_s + 1) * every_s
+            due = train_seconds >= self.next_at or last or step == self.cfg.run.steps
+            if due:
+                self.next_at = (train_seconds // every_s + 1) * every_s
+            return due
+        return bool(every and (step % every == 0 or last)) or step == self.cfg.run.steps
 
     def suite_due(self, step: int) -> bool:
         return bool(self.suite) and (step % self.cfg.evaluation.every == 0 or step == self.cfg.run.steps)
 
-    def after_step(self, step: int, policy_version: int) -> dict[str, float]:
+    def after_step(self, step: int, policy_version: int, train_seconds: float = 0.0,
+                   last: bool = False) -> dict[str, float]:
         """The evaluations due after `step` steps, as record keys (none when none is due)."""
         out = {}
-        if self.held_out_due(step):
+        if self.held_out_due(step, train_seconds, last):
             out.update(self.held_out(step, policy_version))
         if step and self.suite_due(step):
             out.update(self.run_suite(step, policy_version))

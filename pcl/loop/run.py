@@ -1,4 +1,4 @@
-"""The schedule around the steps: evaluate at step 0, then train until `run.steps` (or `run.time_budget_s`),
+"""The schedule around the steps: evaluate at step 0, then train until `run.steps` (or a budget: `run.time_budget_s`,
 stopping at step boundaries for the control plane, evaluating and checkpointing on schedule, on request and
 at the end.
 
@@ -55,9 +55,13 @@ class TrainingRun:
                 self.checkpoints.on_request()  # asked for while the last step ran
             if cfg.run.time_budget_s and self.clock.elapsed() > cfg.run.time_budget_s:
                 break
+            if cfg.run.train_budget_s and self.clock.train_elapsed() >= cfg.run.train_budget_s:
+                break
             record = loop.train_step(step)
+            spent = bool(cfg.run.train_budget_s and self.clock.train_elapsed() >= cfg.run.train_budget_s)
             with self.clock.excluded():
-                record.update(self.evaluation.after_step(step + 1, loop.policy_version))
+                record.update(self.evaluation.after_step(step + 1, loop.policy_version,
+                                                         self.clock.train_elapsed(), last=spent))
             record["elapsed_seconds"] = self.clock.elapsed()
             record["train_elapsed_seconds"] = self.clock.train_elapsed()
             self.log.append(record)

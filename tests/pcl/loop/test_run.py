@@ -109,6 +109,21 @@ def test_the_time_budget_stops_the_run_at_a_step_boundary(tmp_path):
     assert (tmp_path / "checkpoints" / "step-000002").is_dir()  # the end of a run is checkpointed
 
 
+def test_the_training_budget_excludes_evaluations_and_evaluations_can_be_spaced_in_training_seconds(tmp_path):
+    cfg = config({"type": "uniform"}, run={"steps": 10, "eval_every": 0, "eval_every_s": 0.3,
+                                           "train_budget_s": 0.5, "eval_samples": 2})
+    fleet = FakeFleet(tmp_path, cfg, held_out=20)  # an evaluation (0.4 s) takes longer than a step (0.16 s)
+    summary = fleet.run.run()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    evaluated = [(r["step"], r.get("train_elapsed_seconds")) for r in records if "eval_accuracy" in r]
+    # steps end at 0.16, 0.32, 0.48, 0.64 s of training: evaluated at step 0, after crossing 0.3 s, and at the
+    # step that spends the budget; evaluations do not count against it
+    assert [step for step, _ in evaluated] == [0, 2, 4]
+    assert evaluated[-1][1] == pytest.approx(0.64)
+    assert summary["steps"] == 4 and summary["train_seconds"] == pytest.approx(0.64)
+    assert summary["seconds"] == pytest.approx(0.64 + 3 * 20 * 2 * SECONDS_PER_SAMPLE)
+
+
 def test_the_suite_is_evaluated_on_schedule_and_the_best_checkpoint_is_kept(tmp_path):
     cfg = config({"type": "uniform"}, run={"steps": 3},
                  evaluation={"suite": ["math500"], "every": 2, "best_by": "math500", "keep_best": True},
