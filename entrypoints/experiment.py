@@ -103,8 +103,7 @@ def run_experiment(path: str | Path) -> int:
                 run_dir.mkdir(parents=True)
                 reference = reference or reference_cache(exp, configs[(arm, seed)], seed)
                 shutil.copy(reference, run_dir / reference.name.split("@")[0])
-                done = sum((exp.runs_path / f"{a}-seed{s}" / "summary.json").is_file() for s, a in configs)
-                print(f"pcl experiment: run {done + 1}/{len(configs)}: {arm}, seed {seed} "
+                print(f"pcl experiment: run {finished_runs(exp) + 1}/{len(configs)}: {arm}, seed {seed} "
                       f"({time.perf_counter() - started:.0f}s in)", flush=True)
                 try:  # one failed run must not cost the hour: it is recorded, and the others go on
                     run_training(configs[(arm, seed)], run_dir=str(run_dir))
@@ -123,6 +122,12 @@ def run_experiment(path: str | Path) -> int:
     print(f"pcl experiment: done in {time.perf_counter() - started:.0f}s; report {exp.output_path}"
           + (f"; {len(failed)} run(s) failed: " + "; ".join(failed) if failed else ""), flush=True)
     return 1 if failed else 0
+
+
+def finished_runs(exp: ExperimentConfig) -> int:
+    """How many of the experiment's runs have finished (written their summary)."""
+    return sum((exp.runs_path / f"{arm}-seed{seed}" / "summary.json").is_file()
+               for arm in exp.strategies for seed in exp.seeds)
 
 
 def reference_cache(exp: ExperimentConfig, cfg, seed: int) -> Path:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from pcl.config import ConfigError
-from entrypoints.experiment import load_experiment
+from entrypoints.experiment import ExperimentConfig, load_experiment
 from entrypoints.experiment_report import arm_figures, run_figures, training_seconds
 
 
@@ -46,6 +46,20 @@ def test_time_to_target_is_training_time_when_the_records_have_it():
     assert run_figures(timed, target=0.5)["time_to_target"] == 14.0  # wall clock 20.0
     assert run_figures(records([(0, 0.40), (10, 0.52)], [0.5]), target=0.5)["time_to_target"] == 10.0
     assert training_seconds({"step": 0, "eval_accuracy": 0.4}) == 0.0
+
+
+def test_the_progress_line_counts_the_finished_runs(tmp_path):
+    from entrypoints.experiment import finished_runs
+
+    exp = ExperimentConfig(name="x", base="configs/tiny.yaml", budget_s=10, seeds=[0, 1], target_gain=0.05,
+                           runs_dir=str(tmp_path), strategies={"a": ["selection.type=uniform"],
+                                                               "b": ["selection.type=pcl"]})
+    assert finished_runs(exp) == 0
+    for name in ("a-seed0", "b-seed1"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text("{}")
+    (tmp_path / "a-seed1").mkdir()  # started, not finished
+    assert finished_runs(exp) == 2
 
 
 def test_an_arm_without_a_strategy_is_an_error(tmp_path):
