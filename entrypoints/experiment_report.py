@@ -58,6 +58,7 @@ def run_figures(records: list[dict], target: float, gain: bool = False) -> dict:
         "steps": len(steps),
         "accuracy_start": evals[0]["eval_accuracy"] if evals else None,
         "accuracy_best": max((r["eval_accuracy"] for r in evals), default=None),
+        "gain_best": (100 * (max(r["eval_accuracy"] for r in evals) - evals[0]["eval_accuracy"]) if evals else None),
         "time_to_target": reached[0] if reached else None,
         "effective_ratio": _mean([r["effective_ratio"] for r in steps]),
         "generation_seconds": _mean([r.get("generation_seconds") for r in steps]),
@@ -73,8 +74,9 @@ def _se(values: list) -> float | None:
 
 
 def arm_figures(runs: list[dict]) -> dict:
-    """Mean figures of one arm over its seeds, with the standard error over seeds of the best accuracy and the
-    time to target; time to target over the seeds that reached it.
+    """Mean figures of one arm over its seeds, with the standard error over seeds of the best accuracy, the best
+    gain over the run's step-0 accuracy (points; every arm of a seed starts from the same evaluation, so the gain
+    pairs the arms seed by seed) and the time to target; time to target over the seeds that reached it.
 
     >>> f = arm_figures([{"accuracy_best": 0.5, "time_to_target": 10.0}, {"accuracy_best": 0.6, "time_to_target": None}])
     >>> f["accuracy_best"], round(f["accuracy_best_se"], 3), f["time_to_target"], f["time_to_target_se"], f["reached"]
@@ -83,13 +85,14 @@ def arm_figures(runs: list[dict]) -> dict:
     out = {key: _mean([r[key] for r in runs]) for key in runs[0] if key != "time_to_target"}
     reached = [r["time_to_target"] for r in runs if r["time_to_target"] is not None]
     out["time_to_target"], out["time_to_target_se"] = _mean(reached), _se(reached)
-    out["accuracy_best_se"] = _se([r["accuracy_best"] for r in runs])
+    for key in ("accuracy_best", "gain_best"):
+        out[f"{key}_se"] = _se([r.get(key) for r in runs])
     out["reached"] = f"{len(reached)}/{len(runs)}"
     return out
 
 
 def _with_se(value, se, fmt: str) -> str:
-    return _cell(value, fmt) + ("" if value is None or se is None else " ± " + format(se, fmt))
+    return _cell(value, fmt) + ("" if value is None or se is None else " ± " + format(se, fmt.lstrip("+")))
 
 
 def _cell(value, fmt: str) -> str:
@@ -97,11 +100,12 @@ def _cell(value, fmt: str) -> str:
 
 
 def table(figures: dict[str, dict], target: str) -> str:
-    head = ("| strategy | seeds reaching target | best held-out accuracy | time to " + target +
+    head = ("| strategy | seeds reaching target | best held-out accuracy | best gain (points) | time to " + target +
             " (s) | mean effective ratio | generation s/step | selection s/step | samples generated / step | steps |")
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 10]
     for arm, f in figures.items():
         lines.append(f"| {arm} | {f['reached']} | {_with_se(f['accuracy_best'], f['accuracy_best_se'], '.3f')} | "
+                     f"{_with_se(f.get('gain_best'), f.get('gain_best_se'), '+.1f')} | "
                      f"{_with_se(f['time_to_target'], f['time_to_target_se'], '.0f')} | "
                      f"{_cell(f['effective_ratio'], '.3f')} | "
                      f"{_cell(f['generation_seconds'], '.2f')} | {_cell(f['selection_seconds'], '.3f')} | "

@@ -26,7 +26,8 @@ def records(accuracies: list[tuple[float, float]], ratios: list[float]) -> list[
 
 def test_run_and_arm_figures():
     a = run_figures(records([(0, 0.40), (10, 0.45), (20, 0.52), (30, 0.50)], [0.5, 0.7, 0.9]), target=0.5)
-    assert a == {"steps": 3, "accuracy_start": 0.40, "accuracy_best": 0.52, "time_to_target": 20.0,
+    assert a == {"steps": 3, "accuracy_start": 0.40, "accuracy_best": 0.52, "gain_best": pytest.approx(12.0),
+                 "time_to_target": 20.0,
                  "effective_ratio": pytest.approx(0.7), "generation_seconds": 2.0, "selection_seconds": pytest.approx(0.1),
                  "samples_per_step": 32}
     b = run_figures(records([(0, 0.40), (10, 0.44)], [0.3]), target=0.5)
@@ -36,6 +37,7 @@ def test_run_and_arm_figures():
     both = arm_figures([a, b])
     assert both["reached"] == "1/2" and both["time_to_target"] == 20.0  # over the seeds that reached it
     assert both["accuracy_best"] == pytest.approx(0.48) and both["steps"] == 2
+    assert both["gain_best"] == pytest.approx(8.0) and both["gain_best_se"] == pytest.approx(4.0)  # 12 and 4 points
 
 
 def test_time_to_target_is_training_time_when_the_records_have_it():
