@@ -5,8 +5,8 @@
 
 Held-out accuracy is the mean verified reward of `run.eval_samples` samples per held-out prompt, every
 `run.eval_every` steps, or each time another `run.eval_every_s` seconds of training have passed (and at step 0
-and the last step, or the step that spends `run.train_budget_s`). The suite is avg@k of each benchmark with the same k
-and decoding as `pcl eval`, every `evaluation.every` steps and at the last step. Their time is not training
+and the last step, or the step that spends `run.train_budget_s`). The suite is avg@k of each benchmark with the
+same k and decoding as `pcl eval`, every `evaluation.every` steps and at the last step. Their time is not training
 time: the run excludes it from `train_elapsed_seconds`.
 """
 

@@ -1,6 +1,6 @@
-"""The schedule around the steps: evaluate at step 0, then train until `run.steps` (or a budget: `run.time_budget_s`,
-stopping at step boundaries for the control plane, evaluating and checkpointing on schedule, on request and
-at the end.
+"""The schedule around the steps: evaluate at step 0, then train until `run.steps` (or a budget, `run.time_budget_s`
+or `run.train_budget_s`), stopping at step boundaries for the control plane, evaluating and checkpointing on
+schedule, on request and at the end.
 
     run = TrainingRun(cfg, run_dir, loop, evaluation, control)
     run.restore(checkpoint)       # optional: continue where a checkpoint left off
