@@ -1,8 +1,8 @@
 """The paper's headline: picking m intermediate prompts out of k*m with the value model against estimating
 their pass rates with rollouts, and how the speed-up grows with the response length.
 
-    python bench/selection.py                        # lengths 8, 32, 128, 512, 2048: about 15 minutes on 2 cores
-    python bench/selection.py --quick                # lengths 8 and 128, a smaller V and curve: a few minutes
+    python bench/selection.py                        # lengths 8, 32, 128, 512, 2048: about 2 minutes on 2 idle cores
+    python bench/selection.py --quick                # lengths 8 and 128, a smaller V and curve
     python bench/selection.py --lengths 8,512 --width 256 --layers 4
 
 Two parts, one process, the same hardware and torch threads for both sides.
