@@ -54,11 +54,13 @@ def run_figures(records: list[dict], target: float, gain: bool = False) -> dict:
     if gain and evals:
         target = evals[0]["eval_accuracy"] + target - 1e-9
     reached = [training_seconds(r) or 0.0 for r in evals if r["eval_accuracy"] >= target]
+    start = evals[0]["eval_accuracy"] if evals else None
+    best = max((r["eval_accuracy"] for r in evals), default=None)
     return {
         "steps": len(steps),
-        "accuracy_start": evals[0]["eval_accuracy"] if evals else None,
-        "accuracy_best": max((r["eval_accuracy"] for r in evals), default=None),
-        "gain_best": (100 * (max(r["eval_accuracy"] for r in evals) - evals[0]["eval_accuracy"]) if evals else None),
+        "accuracy_start": start,
+        "accuracy_best": best,
+        "gain_best": 100 * (best - start) if evals else None,
         "time_to_target": reached[0] if reached else None,
         "effective_ratio": _mean([r["effective_ratio"] for r in steps]),
         "generation_seconds": _mean([r.get("generation_seconds") for r in steps]),
@@ -105,7 +107,7 @@ def table(figures: dict[str, dict], target: str) -> str:
     lines = [head, "|" + "---|" * 10]
     for arm, f in figures.items():
         lines.append(f"| {arm} | {f['reached']} | {_with_se(f['accuracy_best'], f['accuracy_best_se'], '.3f')} | "
-                     f"{_with_se(f.get('gain_best'), f.get('gain_best_se'), '+.1f')} | "
+                     f"{_with_se(f['gain_best'], f['gain_best_se'], '+.1f')} | "
                      f"{_with_se(f['time_to_target'], f['time_to_target_se'], '.0f')} | "
                      f"{_cell(f['effective_ratio'], '.3f')} | "
                      f"{_cell(f['generation_seconds'], '.2f')} | {_cell(f['selection_seconds'], '.3f')} | "

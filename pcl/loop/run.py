@@ -55,13 +55,12 @@ class TrainingRun:
                 self.checkpoints.on_request()  # asked for while the last step ran
             if cfg.run.time_budget_s and self.clock.elapsed() > cfg.run.time_budget_s:
                 break
-            if cfg.run.train_budget_s and self.clock.train_elapsed() >= cfg.run.train_budget_s:
+            if self.train_budget_spent():  # by the last step, or before a resume
                 break
             record = loop.train_step(step)
-            spent = bool(cfg.run.train_budget_s and self.clock.train_elapsed() >= cfg.run.train_budget_s)
             with self.clock.excluded():
-                record.update(self.evaluation.after_step(step + 1, loop.policy_version,
-                                                         self.clock.train_elapsed(), last=spent))
+                record.update(self.evaluation.after_step(step + 1, loop.policy_version, self.clock.train_elapsed(),
+                                                         last=self.train_budget_spent()))
             record["elapsed_seconds"] = self.clock.elapsed()
             record["train_elapsed_seconds"] = self.clock.train_elapsed()
             self.log.append(record)
@@ -77,6 +76,11 @@ class TrainingRun:
         self.control.finish(loop.state.step)
         return {"steps": loop.state.step, "steps_this_run": steps_done, "seconds": self.clock.elapsed(),
                 "train_seconds": self.clock.train_elapsed(), "checkpoint": str(ckpt.latest(self.checkpoints.root))}
+
+    def train_budget_spent(self) -> bool:
+        """Whether `run.train_budget_s` seconds of training are done (never, without one)."""
+        budget = self.cfg.run.train_budget_s
+        return bool(budget and self.clock.train_elapsed() >= budget)
 
     def restore(self, checkpoint: str) -> dict[str, Any]:
         """Continue where `checkpoint` left off (`Checkpoints.restore`); the metrics and selections of later
