@@ -110,7 +110,7 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     if len(train) < cfg.run.m:
         raise ConfigError(f"data.source {cfg.data.source!r}: {len(train)} usable prompts, fewer than run.m={cfg.run.m}")
     evals = []
-    if cfg.data.eval_source and (cfg.run.eval_every or cfg.run.eval_every_s):
+    if cfg.data.eval_source and cfg.run.evaluates_held_out:
         try:
             evals, report = load_prompts(cfg.data, tokenizer, split="eval", seed=cfg.run.seed)
         except (ValueError, OSError) as exc:

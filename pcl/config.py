@@ -49,6 +49,11 @@ class RunConfig(Section):
                                          "(train_elapsed_seconds: evaluations and checkpoint writes excluded), "
                                          "the paper's clock; the last evaluation is taken at the stop.")
 
+    @property
+    def evaluates_held_out(self) -> bool:
+        """Whether held-out accuracy is measured at all (by steps or by seconds of training)."""
+        return bool(self.eval_every or self.eval_every_s)
+
 
 # The tiny task families (pcl.tiny.tasks), each a data source and a model.path of its built policy.
 TINY_SOURCES = ("tiny", "tiny-carry")

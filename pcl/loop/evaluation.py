@@ -34,7 +34,7 @@ class Evaluation:
         `train_seconds` of training done; `last`: the run stops after this step."""
         every, every_s = self.cfg.run.eval_every, self.cfg.run.eval_every_s
         if step == 0:
-            return bool(every or every_s)
+            return self.cfg.run.evaluates_held_out
         if every_s:
             if self.next_at is None:  # the first step of a run, or of a resumed one
                 self.next_at = every_s if step == 1 else (train_seconds // every_s + 1) * every_s
