@@ -238,8 +238,9 @@ class VerifierConfig(Section):
     num_workers: int = Field(1, ge=1, description="Verifier workers (actors).")
     processes: int = Field(2, ge=1, description="Spawned math-verify processes per worker.")
     timeout_s: float = Field(5.0, gt=0, le=600, description="Hard per-sample timeout; a timeout is reward 0.")
-    max_tasks_per_worker: int | None = Field(1000, ge=1, description="Samples a math-verify process scores before "
-                                             "it is recycled (replaced by a fresh one); null: never.")
+    max_tasks_per_worker: int | None = Field(10000, ge=1, description="Samples a math-verify process scores before "
+                                             "it is recycled (replaced by a fresh one, whose start costs about as "
+                                             "much CPU as a thousand samples); null: never.")
     max_error_share: float = Field(0.1, ge=0, le=1, description="A step whose share of rewards that are verifier "
                                    "errors (not verdicts) exceeds this fails instead of training on their zeros.")
     resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each verifier worker needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")

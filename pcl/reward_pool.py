@@ -16,9 +16,9 @@ sample it gets) is replaced too, and the sample is scored once more by another w
 fails there as well scores 0 with its `error`. Workers are also recycled (stopped politely, replaced) after
 `max_tasks_per_worker` samples, so no slow leak (sympy's caches, a fragmented heap) accumulates.
 `concurrent.futures.ProcessPoolExecutor` cannot do this: it cannot cancel a running task, and a dead worker
-breaks the whole executor. A boxed plain number against plain-number golds never reaches a
-worker: `pcl.reward.numeric_verdict` settles it in the calling thread, in linear time and without sympy,
-which is cheaper than the round trip.
+breaks the whole executor. A boxed plain number (or a response that is one, "42") against plain-number golds
+never reaches a worker: `pcl.reward.numbers_verdict` settles it in the calling thread, in linear time and
+without sympy, which is cheaper than the round trip.
 
 `score` and `score_batch` may be called from any thread, several at once.
 """
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from pcl.reward import boxed_answer, normalize_gold, numeric_verdict, score_answer
+from pcl.reward import normalize_gold, numbers_verdict, score_answer
 
 __all__ = ["RewardOutcome", "RewardPool"]
 
@@ -80,8 +80,7 @@ def _settled_by_numbers(response: Any, golds: tuple[str, ...]) -> RewardOutcome 
         return None
     start = time.perf_counter()
     try:
-        answer = boxed_answer(response)
-        verdict = None if answer is None else numeric_verdict(answer, golds)
+        verdict = numbers_verdict(response, golds)
     except Exception:  # not expected; a worker then scores it under the timeout
         return None
     return None if verdict is None else RewardOutcome(verdict, time.perf_counter() - start)
@@ -129,7 +128,7 @@ class RewardPool:
         chunk_size: int = 16,
         memory_limit_mb: int | None = 2048,
         score_fn: ScoreFn = math_score,
-        max_tasks_per_worker: int | None = 1000,
+        max_tasks_per_worker: int | None = 10000,
     ) -> None:
         if not isinstance(processes, int) or processes < 1:
             raise ValueError(f"processes must be a positive int, got {processes!r}")
@@ -183,6 +182,7 @@ class RewardPool:
             if self._closed or self._broken:
                 raise RuntimeError(self._broken or "RewardPool is closed")
             self._pending.extend(jobs)
+            self._stats["settled_in_caller"] += len(settled) - len(jobs)
         self._wake()
         from_workers = iter([job.future.result() for job in jobs])
         return [outcome if outcome is not None else next(from_workers) for outcome in settled]
@@ -202,8 +202,10 @@ class RewardPool:
 
     def stats(self) -> dict[str, int]:
         """Counts since the pool started: workers `recycled` after max_tasks_per_worker, workers replaced after
-        an error (`replaced_after_error`), a timeout or their death, and samples returned with an `errors`."""
-        keys = ("recycled", "replaced_after_error", "replaced_after_timeout", "replaced_after_death", "errors")
+        an error (`replaced_after_error`), a timeout or their death, samples returned with an `errors`, and
+        samples plain numbers settled in the calling thread (`settled_in_caller`), which no worker saw."""
+        keys = ("recycled", "replaced_after_error", "replaced_after_timeout", "replaced_after_death", "errors",
+                "settled_in_caller")
         return {key: int(self._stats[key]) for key in keys}
 
     def close(self) -> None:

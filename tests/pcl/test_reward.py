@@ -20,8 +20,8 @@ from bench.reward_agreement import (
     wrong_answer,
 )
 from pcl.reward import (
-    _parse_gold, _several_answers, last_boxed, math_reward, normalize_gold, numbers_match, plain_number,
-    score_answer,
+    _parse_gold, _several_answers, last_boxed, math_reward, normalize_gold, numbers_match, numbers_verdict,
+    plain_number, score_answer,
 )
 from pcl.reward_pool import RewardPool
 
@@ -125,6 +125,25 @@ def test_numeric_fast_path_agrees_with_math_verify(answer, gold):
     slow = verify(parse(f"\\boxed{{{gold}}}", parsing_timeout=None),
                   parse(f"\\boxed{{{answer}}}", parsing_timeout=None), timeout_seconds=None)
     assert fast == slow, (answer, gold)
+
+
+@settings(max_examples=80, deadline=None)
+@given(_number, _number)
+def test_a_response_that_is_only_a_number_is_scored_as_math_verify_reads_the_whole_text(answer, gold):
+    from math_verify import parse, verify
+
+    slow = verify(parse(f"\\boxed{{{gold}}}", parsing_timeout=None), parse(answer, parsing_timeout=None),
+                  timeout_seconds=None)
+    assert numbers_verdict(answer, (gold,)) == float(slow), (answer, gold)
+    assert numbers_verdict(f"  {answer}\n", (gold,)) == float(slow), (answer, gold)
+
+
+def test_responses_that_are_plain_numbers_never_reach_a_worker():
+    """A model that answers with a bare number ("42") is scored in the calling thread: no IPC, no sympy."""
+    with RewardPool(processes=1, timeout_s=30.0) as pool:
+        pairs = [("42", "42"), (" 41\n", 42), ("1,234", "1234"), (r"so \boxed{7}", 7), ("x = 42", "42"), ("42", "x")]
+        assert [o.reward for o in pool.score_batch(pairs)] == [1.0, 0.0, 1.0, 1.0, 1.0, 0.0]
+        assert pool.stats()["settled_in_caller"] == 4  # the last two need math-verify in a worker
 
 
 def test_numbers_in_free_symbols_are_rejected_like_math_verify():
