@@ -4,9 +4,12 @@
     groups = engine.generate([[5, 6, 13, 7, 16]], SamplingParams(n=8, max_new_tokens=8))
     engine.load_weights(learner.state_dict(), version=1)
 
-Prompts are repeated n times and generated in micro-batches of at most `max_batch_size` sequences with
-left padding and an attention mask (`model.generate` derives positions from the mask, so padding does
-not shift them). Sampling draws from torch's global generator inside `torch.random.fork_rng`, seeded
+Prompts are generated in micro-batches of at most `max_batch_size` sequences (prompts x n) with left
+padding and an attention mask (`model.generate` derives positions from the mask, so padding does not
+shift them). Each prompt is prefilled once: the KV cache of all its tokens but the last is computed for
+the distinct prompts and repeated for their n samples, whose generation starts at the last prompt token.
+Against a prefill of every sample (`share_prefill=False`) that cuts the prefill n-fold, and it samples
+the same tokens: the same logits, drawn in the same order. Sampling draws from torch's global generator inside `torch.random.fork_rng`, seeded
 per call: results are reproducible and the caller's RNG state is left untouched. The generation config
 is built from `SamplingParams` alone; nothing from the checkpoint's generation_config.json (a preset
 temperature, top-k or repetition penalty) leaks into sampling except its EOS ids.
@@ -46,6 +49,7 @@ class HFEngine(Engine):
         num_threads: when set, torch's intra-op threads for the whole process (torch.set_num_threads).
             Several engines, learners and scorers sharing a few cores run far faster with 1 thread each:
             OpenMP threads that spin-wait for busy cores slow a tiny model's forward pass down 10-50x.
+        share_prefill: prefill each prompt once for its n samples (the default); False prefills every sample.
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class HFEngine(Engine):
         max_batch_size: int = 1024,
         tokenizer_path: str | None = None,
         num_threads: int | None = None,
+        share_prefill: bool = True,
     ) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -66,6 +71,7 @@ class HFEngine(Engine):
             torch.set_num_threads(num_threads)
         self.device = resolve_device(device)
         self.max_batch_size = max_batch_size
+        self.share_prefill = share_prefill
         self._seed = seed
         self._calls = 0
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or model_path)
@@ -124,8 +130,8 @@ class HFEngine(Engine):
         call_seed = params.seed if params.seed is not None else derive_seed(self._seed, self._calls)
         self._calls += 1
         generation_config = self._generation_config(params)
-        # Sequence s is sample s % n of prompt s // n.
-        sequences = [prompt for prompt in prompt_token_ids for _ in range(params.n)]
+        # Sequence s is sample s % n of prompt s // n; a micro-batch holds whole prompts (n samples each).
+        prompts_per_batch = max(1, self.max_batch_size // params.n)
         responses: list[list[int]] = []
         rng_devices = []
         if self.device.type == "cuda":
@@ -133,26 +139,45 @@ class HFEngine(Engine):
             rng_devices = [index if index is not None else torch.cuda.current_device()]
         with torch.random.fork_rng(devices=rng_devices), torch.inference_mode():
             torch.manual_seed(call_seed)
-            for start in range(0, len(sequences), self.max_batch_size):
-                batch = sequences[start:start + self.max_batch_size]
-                responses.extend(self._generate_batch(batch, generation_config))
+            for start in range(0, len(prompt_token_ids), prompts_per_batch):
+                batch = prompt_token_ids[start:start + prompts_per_batch]
+                responses.extend(self._generate_batch(batch, params.n, generation_config))
         return self._to_generations(responses, params)
 
-    def _generate_batch(self, prompts: list[list[int]], generation_config) -> list[list[int]]:
-        """Response token ids for each prompt, cut after the first EOS; padding removed."""
-        input_ids, attention_mask = left_pad(prompts, self.pad_token_id)  # [B, P] each
+    def _generate_batch(self, prompts: list[list[int]], n: int, generation_config) -> list[list[int]]:
+        """Response token ids for n samples of each prompt (prompt-major), cut after the first EOS."""
+        input_ids, attention_mask = left_pad(prompts, self.pad_token_id)  # [P, W] each
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         width = input_ids.shape[1]
+        shared = {}
+        if self.share_prefill and width > 1:
+            shared["past_key_values"] = self._prefill_once(input_ids[:, :-1], attention_mask[:, :-1], n)
         output = self.model.generate(
-            input_ids=input_ids.to(self.device),
-            attention_mask=attention_mask.to(self.device),
+            input_ids=input_ids.repeat_interleave(n, dim=0),
+            attention_mask=attention_mask.repeat_interleave(n, dim=0),
             generation_config=generation_config,
-        )  # [B, P + T], T <= max_new_tokens; rows that stopped early are padded after their EOS
+            **shared,
+        )  # [P * n, W + T], T <= max_new_tokens; rows that stopped early are padded after their EOS
         eos = set(self.eos_token_ids)
         responses = []
         for row in output[:, width:].tolist():
             stop = next((index for index, token in enumerate(row) if token in eos), None)
             responses.append(row if stop is None else row[:stop + 1])
         return responses
+
+    def _prefill_once(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int):
+        """The KV cache of the distinct prompts' tokens (all but the last), repeated for n samples each.
+
+        Positions come from the mask as `model.generate` derives them, so the cache is the one a prefill
+        of every sample would build."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        positions = (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+        self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                   past_key_values=cache, use_cache=True, logits_to_keep=1)
+        cache.batch_repeat_interleave(n)
+        return cache
 
     def _to_generations(self, responses: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
         texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)

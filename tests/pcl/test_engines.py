@@ -100,6 +100,22 @@ def test_greedy_does_not_depend_on_micro_batching(tiny_model_dir, engine, prompt
     assert token_ids(small_batches.generate(prompts, params)) == token_ids(engine.generate(prompts, params))
 
 
+def test_each_prompt_is_prefilled_once_for_its_n_samples(tiny_model_dir, engine, prompts):
+    """The prompt's KV cache is computed once and shared by its n samples: the first forward pass sees each
+    prompt once, and the seeded samples are those of a prefill repeated per sample, token for token."""
+    batches: list[int] = []
+    hook = engine.model.get_input_embeddings().register_forward_hook(
+        lambda module, args, output: batches.append(args[0].shape[0]))
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=6, seed=3)
+    try:
+        shared = token_ids(engine.generate(prompts, params))
+    finally:
+        hook.remove()
+    assert batches[0] == len(prompts) and set(batches[1:]) == {len(prompts) * 4}, batches
+    unshared = HFEngine(str(tiny_model_dir), device="cpu", share_prefill=False)
+    assert token_ids(unshared.generate(prompts, params)) == shared
+
+
 def test_top_k_one_equals_greedy(engine, prompts):
     greedy = engine.generate(prompts, SamplingParams(n=2, temperature=0.0, max_new_tokens=6))
     top1 = engine.generate(prompts, SamplingParams(n=2, temperature=1.0, top_k=1, max_new_tokens=6))
