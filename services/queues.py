@@ -117,13 +117,15 @@ class WorkQueue(StreamUpkeep):
     # -- producing ------------------------------------------------------------------------------------
 
     def put(self, entries: Iterable[Entry]) -> list[str]:
-        """Append one entry per item, a record or a list of records (pipelined XADDs); returns the entry ids.
-        A retry after a lost reply may add an entry twice, which the idempotency key makes harmless."""
+        """Append one entry per item, a record or a list of records; returns the entry ids. Each chunk of
+        PUT_CHUNK XADDs is one MULTI/EXEC, so a consumer blocked in take() wakes to the whole chunk, not to its
+        first entry (a step's requests are served as one batch). A retry after a lost reply may add an entry
+        twice, which the idempotency key makes harmless."""
         payloads = [encode_entry(entry) for entry in entries]
         ids: list[str] = []
         for start in range(0, len(payloads), PUT_CHUNK):
             chunk = payloads[start:start + PUT_CHUNK]
-            ids += self._retry("XADD", lambda: self._xadd_all(self.client.pipeline(transaction=False), chunk))
+            ids += self._retry("XADD", lambda: self._xadd_all(self.client.pipeline(transaction=True), chunk))
         return ids
 
     def _xadd_all(self, pipe, payloads: Sequence[bytes]) -> list[str]:

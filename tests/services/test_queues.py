@@ -52,6 +52,25 @@ def test_take_blocks_for_block_ms_then_returns_nothing(make_queue):
 
 
 @pytest.mark.redis
+def test_a_waiting_consumer_takes_a_whole_put_at_once(make_queue):
+    """A worker blocked in take() wakes to all the entries of one put, not to its first one: a step's 64
+    requests are generated as one batch, never as 1 + 63."""
+    import threading
+
+    producer, consumer = make_queue("producer", block_ms=50), make_queue("worker", block_ms=3000)
+    producer.take(1)  # both consumers join the group before anything is put
+    for _ in range(3):
+        taken: list = []
+        waiting = threading.Thread(target=lambda: taken.extend(consumer.take(64)))
+        waiting.start()
+        time.sleep(0.3)  # the consumer is blocked in XREADGROUP
+        producer.put([request(f"p{i}") for i in range(64)])
+        waiting.join(5)
+        assert len(taken) == 64, f"the blocked consumer woke to {len(taken)} of the 64 entries"
+        consumer.ack(taken)
+
+
+@pytest.mark.redis
 def test_consumers_of_one_group_share_the_work(make_queue):
     first, second = make_queue("a", block_ms=20), make_queue("b", block_ms=20)
     first.put([request(f"p{i}") for i in range(10)])
