@@ -44,12 +44,15 @@ class RolloutWorker:
         init_actor_process(cfg.threads)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's start-up INFO lines, once per worker
         from pcl.engines import make_engine
+        from pcl.engines.pinned import PinnedEngine
         from services.redis_server import make_client
         from services.topology import open_role
         from services.workers import RolloutService, serve_forever
 
         device = "cuda" if cfg.num_gpus_per_worker > 0 else "cpu"
-        engine = make_engine(cfg, model.path, run.seed + 1000 * worker_id, dtype=model.dtype, device=device)
+        # Built, generating and loading weights on one thread: one OpenMP team (see pcl.engines.pinned).
+        engine = PinnedEngine(lambda: make_engine(cfg, model.path, run.seed + 1000 * worker_id, dtype=model.dtype,
+                                                  device=device))
         name = f"rollout-{worker_id}"
         queues = open_role(make_client(redis_url), run.name, "rollout", name, redis, max_in_flight=cfg.max_in_flight)
         requests, results = queues["rollout_requests"], queues["rollout_results"]

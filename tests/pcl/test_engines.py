@@ -5,6 +5,7 @@ greedy and seeded determinism, top-k, in-place weight loading with versions, spe
 from __future__ import annotations
 
 import sys
+import threading
 import time
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 from pcl.config import RolloutConfig
 from pcl.engines import Engine, SamplingParams, make_engine
 from pcl.engines.hf import HFEngine
+from pcl.engines.pinned import PinnedEngine
 from pcl.engines.vllm import pack_weights
 from pcl.tiny.tokenizer import EOS, VOCAB, build_tokenizer
 
@@ -159,6 +161,44 @@ def test_load_weights_forces_eos_and_sets_version(tiny_model_dir, prompts):
     name = "model.embed_tokens.weight"
     assert engine.load_weights(iter([(name, original[name])]), version=4) == 1
     assert engine.policy_version == 4 and torch.equal(engine.model.lm_head.weight, original[name])
+
+
+def test_a_pinned_engine_runs_every_call_on_its_own_thread(tiny_model_dir, prompts):
+    """Built, generating and loading weights on one thread whoever calls (one OpenMP team, see
+    pcl.engines.pinned); results, errors and attributes as the engine's own."""
+    threads: list[int] = []
+
+    class Probe(HFEngine):
+        def __init__(self, *args, **kwargs):
+            threads.append(threading.get_ident())
+            super().__init__(*args, **kwargs)
+
+        def generate(self, *args, **kwargs):
+            threads.append(threading.get_ident())
+            return super().generate(*args, **kwargs)
+
+        def load_weights(self, *args, **kwargs):
+            threads.append(threading.get_ident())
+            return super().load_weights(*args, **kwargs)
+
+    pinned = PinnedEngine(lambda: Probe(str(tiny_model_dir), device="cpu", seed=0))
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=4, seed=5)
+    expected = token_ids(HFEngine(str(tiny_model_dir), device="cpu", seed=0).generate(prompts, params))
+    assert token_ids(pinned.generate(prompts, params)) == expected
+    other: list = []
+    caller = threading.Thread(target=lambda: other.append(pinned.load_weights(pinned.model.state_dict(), 3)))
+    caller.start()
+    caller.join(30)
+    assert other and pinned.policy_version == 3
+    assert len(set(threads)) == 1 and threads[0] not in (threading.get_ident(), caller.ident), threads
+    pinned._calls = 7
+    assert pinned.engine._calls == 7
+    with pytest.raises(ValueError, match="unknown parameter"):
+        pinned.load_weights({"no.such.weight": torch.zeros(1)}, 4)
+    assert pinned.policy_version == -1
+    pinned.close()
+    with pytest.raises(RuntimeError):
+        pinned.generate(prompts, params)
 
 
 def test_load_weights_rejects_bad_names_and_shapes(tiny_model_dir):
