@@ -13,7 +13,8 @@ normalised per sequence length (algorithm steps 5-7; TRL: beta=0, scale_rewards=
 num_iterations=1, one generation batch of m*n completions per optimizer step, no gradient checkpointing).
 Each trainer runs in its own subprocess, never two at once: TRL as one process with 2 torch threads (and
 again with 1: on a shared 2-core machine its 2 OpenMP threads stall whenever a core is taken, see the doc),
-ours as `configs/tiny.yaml` places its actors (local Ray on 2 CPUs, 1 thread per actor). The first `--warmup`
+ours as `configs/tiny.yaml` places its actors (local Ray on 2 CPUs; 2 threads for the rollout worker, which
+generates while the learner ranks wait, 1 for the others). The first `--warmup`
 steps of every run are not counted; the steps after them are pooled over the rounds. TRL's step is timed
 by a TrainerCallback (on_step_begin -> on_step_end); ours is the coordinator's `step_seconds` in
 RUN_DIR/metrics.jsonl. The last line ends with the ratio ours (uniform) / TRL of the median steady-state
@@ -222,15 +223,16 @@ def run_ours(args: argparse.Namespace) -> dict:
 
 
 def engine_reference(model: str, cfg) -> float:
-    """The bare HF engine's time for one step's m x n samples in this process with 1 thread (median of 3):
-    generation_seconds minus this is what the streams, the verifier and the rollout loop add."""
+    """The bare HF engine's time for one step's m x n samples in this process with the rollout worker's
+    threads (`rollout.threads`; median of 3): generation_seconds minus this is what the streams, the verifier
+    and the rollout loop add."""
     import torch
 
     from pcl.data import load_prompts
     from pcl.engines import SamplingParams, make_engine
     from transformers import AutoTokenizer
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(cfg.rollout.threads)
     prompts, _ = load_prompts(cfg.data, AutoTokenizer.from_pretrained(model), split="train", seed=cfg.run.seed)
     engine = make_engine(cfg.rollout, model, seed=0, dtype="float32", device="cpu")
     params = SamplingParams.from_rollout_config(cfg.rollout, n=cfg.run.n)
@@ -339,7 +341,7 @@ def print_breakdown(col: str, r: dict) -> None:
     parts = {k: statistics.mean(r[k]) for k in OUR_PARTS}
     print_parts(col, step, [
         ("generation incl. verification and queues", parts["generation_seconds"]),
-        ("  the bare HF engine alone (1 thread, measured apart)", r["engine_seconds"]),
+        ("  the bare HF engine alone (rollout.threads, measured apart)", r["engine_seconds"]),
         ("  streams + verifier + rollout loop (the difference)", parts["generation_seconds"] - r["engine_seconds"]),
         ("selection (sample + score V + select)", parts["selection_seconds"]),
         ("learner (policy step, 2 FSDP2 ranks; + V step for pcl)", parts["train_seconds"]),
