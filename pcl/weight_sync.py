@@ -12,8 +12,9 @@ processes.
     group.broadcast(state_dict, BUCKET)            for bucket in group.receive(): load(bucket)
 
 Tensors travel bucket by bucket: each bucket is one flat byte buffer of at most about `bucket_bytes` (a
-tensor larger than that gets its own), so a sync moves few large messages and holds one bucket's copy at a
-time. A sync opens with a header, the JSON list of (name, dtype, shape) and the bucket size (bounded to
+tensor larger than that gets its own), so a sync moves few large messages. Two buckets are in flight at most:
+the sender packs bucket k + 1 while bucket k is on the wire, and a receiver takes bucket k + 1 into a second
+buffer while its caller loads bucket k, so the transfer overlaps vLLM's load. A sync opens with a header, the JSON list of (name, dtype, shape) and the bucket size (bounded to
 MAX_HEADER_BYTES, dtypes checked against a fixed set, nothing unpickled), from which the receivers derive the
 same buckets. A group that cannot form within `timeout_s` raises `WeightSyncError` naming the address.
 """
@@ -22,8 +23,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import timedelta
+from typing import Any
 
 import torch
 
@@ -93,25 +96,33 @@ class WeightGroup:
 
     def broadcast(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
                   bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
-        """Rank 0: send the tensors (in the order of their `tensor_specs`); returns the bytes sent."""
+        """Rank 0: send the tensors (in the order of their `tensor_specs`); returns the bytes sent. The next
+        bucket is packed while the current one is on the wire (two in flight at most)."""
         items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         specs = tensor_specs(items)
         header = torch.frombuffer(bytearray(json.dumps([specs, bucket_bytes]).encode()), dtype=torch.uint8)
         self._broadcast(torch.tensor([header.numel()], dtype=torch.int64, device=self.device))
         self._broadcast(header.to(self.device))
-        sent = 0
+        sent, in_flight = 0, deque()
         for bucket in plan_buckets(specs, bucket_bytes):
             flat = torch.cat([_as_bytes(items[i][1].detach().to(self.device)) for i in bucket])
-            self._broadcast(flat)
+            in_flight.append(self._start(flat))
             sent += flat.numel()
+            if len(in_flight) > 1:
+                self._finish(in_flight.popleft())
+        while in_flight:
+            self._finish(in_flight.popleft())
         return sent
 
     def receive(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        """Ranks > 0: the broadcast tensors, one list of (name, tensor) per bucket, as they arrive."""
+        """Ranks > 0: the broadcast tensors, one list of (name, tensor) per bucket, as they arrive. While the
+        caller holds bucket k (loading it), bucket k + 1 is being received into a second buffer."""
         specs, bucket_bytes = self._receive_header()
-        for bucket in plan_buckets(specs, bucket_bytes):
-            flat = torch.empty(sum(_nbytes(specs[i]) for i in bucket), dtype=torch.uint8, device=self.device)
-            self._broadcast(flat)
+        buckets = plan_buckets(specs, bucket_bytes)
+        pending = self._start_receive(specs, buckets[0]) if buckets else None
+        for k, bucket in enumerate(buckets):
+            flat = self._finish(pending)
+            pending = self._start_receive(specs, buckets[k + 1]) if k + 1 < len(buckets) else None
             out, offset = [], 0
             for i in bucket:
                 name, dtype, shape = specs[i]
@@ -119,6 +130,10 @@ class WeightGroup:
                 out.append((name, flat[offset:offset + size].view(getattr(torch, dtype)).view(shape)))
                 offset += size
             yield out
+
+    def _start_receive(self, specs: list[TensorSpec], bucket: list[int]):
+        flat = torch.empty(sum(_nbytes(specs[i]) for i in bucket), dtype=torch.uint8, device=self.device)
+        return self._start(flat)
 
     def _receive_header(self) -> tuple[list[TensorSpec], int]:
         length = torch.zeros(1, dtype=torch.int64, device=self.device)
@@ -140,11 +155,25 @@ class WeightGroup:
         return specs, bucket_bytes
 
     def _broadcast(self, flat: torch.Tensor) -> None:
+        self._finish(self._start(flat))
+
+    def _start(self, flat: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Post the broadcast of `flat` (rank 0 sends it, the others receive into it); `_finish` waits for it."""
         try:
-            self.group.broadcast([flat], _broadcast_options(0)).wait()
+            return flat, self.group.broadcast([flat], _broadcast_options(0))
         except RuntimeError as exc:
-            raise WeightSyncError(f"weight-sync broadcast on the group at {self.address} failed: {exc}"
-                                  .splitlines()[0]) from exc
+            raise self._failed(exc) from exc
+
+    def _finish(self, posted: tuple[torch.Tensor, Any]) -> torch.Tensor:
+        flat, work = posted
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            raise self._failed(exc) from exc
+        return flat
+
+    def _failed(self, exc: RuntimeError) -> WeightSyncError:
+        return WeightSyncError(f"weight-sync broadcast on the group at {self.address} failed: {exc}".splitlines()[0])
 
     def close(self) -> None:
         self.group, self._store = None, None

@@ -52,6 +52,27 @@ def test_a_broadcast_reaches_every_receiver_bit_for_bit():
     assert tensor_specs(state)[1] == ("b", "bfloat16", (7,))
 
 
+def test_the_next_bucket_travels_while_the_receiver_loads_the_current_one():
+    """Double buffering: while the receiver holds bucket 0 (vLLM loading it), bucket 1 is already received, so
+    the sender finishes without waiting for the load; every bucket stays intact until the end."""
+    state = {"a": torch.randn(64), "b": torch.randn(64)}  # 256 bytes each: two buckets of 256
+    port, held, sender_done = free_port(), [], threading.Event()
+
+    def send() -> None:
+        WeightGroup.open("127.0.0.1", port, 0, 2, "gloo", timeout_s=30).broadcast(state, bucket_bytes=256)
+        sender_done.set()
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    buckets = WeightGroup.open("127.0.0.1", port, 1, 2, "gloo", timeout_s=30).receive()
+    held.extend(next(buckets))
+    assert sender_done.wait(10), "the sender waited for the receiver to finish loading bucket 0"
+    held.extend(pair for bucket in buckets for pair in bucket)
+    sender.join(10)
+    assert [name for name, _ in held] == ["a", "b"]
+    assert all(torch.equal(tensor, state[name]) for name, tensor in held)
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_a_group_that_cannot_form_times_out_naming_the_address(rank):
     port = free_port()  # nobody else joins (rank 0 waits for rank 1; rank 1 finds no store)
