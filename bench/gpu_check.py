@@ -11,7 +11,10 @@ length responses. Each check uses the product's own classes:
 
   engine      pcl.engines.hf.HFEngine.generate: prompts x n samples, generated tokens per second
   learner     pcl.learner.PolicyLearner on a 1-rank NCCL (gloo on CPU) process group, FSDP2: one optimizer step
-              over a batch of prompt + response sequences, trained tokens per second and the gradient norm
+              over a batch of prompt + response sequences, trained tokens per second, the gradient norm, and the
+              model FLOPs utilisation: 6 x parameters x tokens/s (forward 2N, backward 4N per token; attention
+              scores not counted) over the device's dense bf16 peak (PEAK_TFLOPS by device name, or
+              --peak-tflops)
   value       pcl.value.ValueModel + ValueTrainer: scoring k*m prompts in float32 and with the bfloat16 scoring
               copy (value.score_dtype; the ratio of the two times), one training step on m, the copy's refresh
   weight sync PolicyLearner.full_state_dict (the gather) + HFEngine.load_weights (the copy in), seconds
@@ -41,6 +44,22 @@ SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_att
 # (prompts, samples per prompt, prompt tokens, new tokens) for the engine; learner and value sizes.
 SIZES = {"full": {"engine": (64, 8, 128, 256), "learner": (64, 128, 256, 8), "value": (256, 4, 128)},
          "small": {"engine": (4, 2, 8, 8), "learner": (8, 8, 8, 4), "value": (8, 2, 8)}}
+
+
+# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) by a substring of torch.cuda.get_device_name().
+PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+
+
+def peak_tflops(device_name: str, override: float | None) -> float | None:
+    """The peak the MFU is measured against: --peak-tflops, else PEAK_TFLOPS by device name, else None."""
+    if override is not None:
+        return override
+    return next((peak for key, peak in PEAK_TFLOPS.items() if key in device_name), None)
+
+
+def mfu(parameters: int, tokens_per_second: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation of a training step: 6 N FLOPs per trained token against `peak` TFLOP/s."""
+    return None if peak is None else 6.0 * parameters * tokens_per_second / (peak * 1e12)
 
 
 def build_policy(out: Path, small: bool, dtype: torch.dtype) -> Path:
@@ -178,6 +197,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--small", action="store_true", help="a 2-layer width-64 policy and small batches")
     parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on CPU by default")
     parser.add_argument("--out", default=None, help="also write the figures to this JSON file")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="the device's dense bf16 peak for the MFU (default: PEAK_TFLOPS by device name)")
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible (use --device cpu --small for a smoke run)")
@@ -192,6 +213,9 @@ def main(argv: list[str] | None = None) -> dict:
         report["value"] = check_value(path, args.device, sizes["value"])
         report["weight_sync"] = check_weight_sync(learner, engine, args.device)
         report["parameters"] = sum(p.numel() for p in engine.model.parameters())
+    report["peak_tflops"] = peak_tflops(report["device"], args.peak_tflops)
+    report["learner"]["mfu"] = mfu(report["parameters"], report["learner"]["tokens_per_second"],
+                                   report["peak_tflops"])
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -210,7 +234,9 @@ def print_report(r: dict) -> None:
           f"{e['generated_tokens']} tokens in {e['seconds']:.2f} s: {e['tokens_per_second']:,.0f} tokens/s")
     print(f"  learner      {lr['backend']}, {lr['sequences']} sequences, {lr['tokens']} tokens, micro-batch "
           f"{lr['micro_batch_size']}: {lr['seconds']:.2f} s, {lr['tokens_per_second']:,.0f} tokens/s, "
-          f"grad norm {lr['grad_norm']:.3f}")
+          f"grad norm {lr['grad_norm']:.3f}, MFU "
+          + (f"{lr['mfu']:.1%} of {r['peak_tflops']:g} TFLOP/s" if lr["mfu"] is not None else "n/a (no peak known: "
+             "--peak-tflops)"))
     print(f"  value        scored {v['candidates']} prompts in {v['score_seconds']:.3f} s "
           f"({v['scored_prompts_per_second']:,.0f}/s) in float32, {v['score_seconds_bf16']:.3f} s with the bfloat16 "
           f"copy: x{v['bf16_speedup']:.2f}, values within {v['bf16_max_gap']:.1e}; one step on {v['selected']} "
