@@ -232,11 +232,11 @@ def print_report(r: dict) -> None:
           f"({r['parameters'] / 1e6:.1f} M parameters)")
     print(f"  engine       {e['prompts']} prompts x n={e['n']}, {e['prompt_tokens']}-token prompts, "
           f"{e['generated_tokens']} tokens in {e['seconds']:.2f} s: {e['tokens_per_second']:,.0f} tokens/s")
+    mfu_text = ("n/a (no peak known: --peak-tflops)" if lr["mfu"] is None
+                else f"{lr['mfu']:.1%} of {r['peak_tflops']:g} TFLOP/s")
     print(f"  learner      {lr['backend']}, {lr['sequences']} sequences, {lr['tokens']} tokens, micro-batch "
           f"{lr['micro_batch_size']}: {lr['seconds']:.2f} s, {lr['tokens_per_second']:,.0f} tokens/s, "
-          f"grad norm {lr['grad_norm']:.3f}, MFU "
-          + (f"{lr['mfu']:.1%} of {r['peak_tflops']:g} TFLOP/s" if lr["mfu"] is not None else "n/a (no peak known: "
-             "--peak-tflops)"))
+          f"grad norm {lr['grad_norm']:.3f}, MFU {mfu_text}")
     print(f"  value        scored {v['candidates']} prompts in {v['score_seconds']:.3f} s "
           f"({v['scored_prompts_per_second']:,.0f}/s) in float32, {v['score_seconds_bf16']:.3f} s with the bfloat16 "
           f"copy: x{v['bf16_speedup']:.2f}, values within {v['bf16_max_gap']:.1e}; one step on {v['selected']} "

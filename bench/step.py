@@ -14,8 +14,8 @@ num_iterations=1, one generation batch of m*n completions per optimizer step, no
 Each trainer runs in its own subprocess, never two at once: TRL as one process with 2 torch threads (and
 again with 1: on a shared 2-core machine its 2 OpenMP threads stall whenever a core is taken, see the doc),
 ours as `configs/tiny.yaml` places its actors (local Ray on 2 CPUs; 2 threads for the rollout worker, which
-generates while the learner ranks wait, 1 for the others). The first `--warmup`
-steps of every run are not counted; the steps after them are pooled over the rounds. TRL's step is timed
+generates while the learner ranks wait, 1 for the others). The first `--warmup` steps of every run are not
+counted; the steps after them are pooled over the rounds. TRL's step is timed
 by a TrainerCallback (on_step_begin -> on_step_end); ours is the coordinator's `step_seconds` in
 RUN_DIR/metrics.jsonl. The last line ends with the ratio ours (uniform) / TRL of the median steady-state
 seconds per step, against the faster of the TRL columns. Results and caveats: docs/results/bench-step.md.

@@ -7,9 +7,8 @@ r"""The math reward (algorithm step 5): 1.0 when a response's final answer match
 
 The answer is the content of the last brace-matched `\boxed{...}` (or `\fbox{...}`); a response without
 one is its own answer when it is a plain number as a whole ("42"), else falls back to math-verify's own
-extraction of the whole text. `gold` is a string (LaTeX or plain), a
-number (AMC golds are floats such as 27.0) or a list/tuple of alternatives (OlympiadBench), any of which
-counts. When the answer and a gold alternative are both plain numbers they are compared as decimals,
+extraction of the whole text. `gold` is a string (LaTeX or plain), a number (AMC golds are floats such as
+27.0) or a list/tuple of alternatives (OlympiadBench), any of which counts. When the answer and a gold alternative are both plain numbers they are compared as decimals,
 without sympy (integers exactly, others to a relative 1e-6): that is most math answers, and it is two
 orders of magnitude faster than math-verify. It is also stricter where math-verify is loose: a number
 against a number never goes through its six-decimal float rounding (which makes 8.2e-19 equal 9.2e-19).
@@ -188,10 +187,10 @@ def score_answer(response: str, alternatives: Sequence[str], guard_s: int | None
     `guard_s` is math-verify's own alarm in whole seconds, or None inside a process that enforces its
     own timeout (math-verify's alarm only works on the main thread).
     """
-    verdict = numbers_verdict(response, alternatives)
+    answer = boxed_answer(response)
+    verdict = _numbers_settle(response, answer, alternatives)
     if verdict is not None:
         return verdict
-    answer = boxed_answer(response)
     # A gold of several answers is scored as math-verify scores it: its extraction of the whole response
     # joins the boxes "\boxed{1}, \boxed{2}", which the last box alone would miss.
     several = [gold for gold in alternatives if _several_answers(_parse_gold(gold, guard_s))]
@@ -240,10 +239,16 @@ def numbers_verdict(response: Any, alternatives: Sequence[str]) -> float | None:
     """The reward when plain numbers settle it, else None: the response's answer is its last box, or, in a
     response without one, the whole response when that is a plain number ("42", the short answers of a
     model that answers alone). Linear in the input, no sympy: safe anywhere."""
-    if not isinstance(response, str):
-        return None
-    answer = boxed_answer(response)
-    return numeric_verdict(response if answer is None else answer, alternatives)
+    return _numbers_settle(response, boxed_answer(response), alternatives)
+
+
+def _numbers_settle(response: Any, answer: str | None, alternatives: Sequence[str]) -> float | None:
+    """`numbers_verdict` given the response's boxed answer (None: unboxed), already found."""
+    if answer is None:
+        if not isinstance(response, str):
+            return None
+        answer = response
+    return numeric_verdict(answer, alternatives)
 
 
 def numeric_verdict(answer: str, alternatives: Sequence[str]) -> float | None:

@@ -14,9 +14,9 @@ processes.
 Tensors travel bucket by bucket: each bucket is one flat byte buffer of at most about `bucket_bytes` (a
 tensor larger than that gets its own), so a sync moves few large messages. Two buckets are in flight at most:
 the sender packs bucket k + 1 while bucket k is on the wire, and a receiver takes bucket k + 1 into a second
-buffer while its caller loads bucket k, so the transfer overlaps vLLM's load. A sync opens with a header, the JSON list of (name, dtype, shape) and the bucket size (bounded to
-MAX_HEADER_BYTES, dtypes checked against a fixed set, nothing unpickled), from which the receivers derive the
-same buckets. A group that cannot form within `timeout_s` raises `WeightSyncError` naming the address.
+buffer while its caller loads bucket k, so the transfer overlaps vLLM's load. A sync opens with a header, the
+JSON list of (name, dtype, shape) and the bucket size (bounded to MAX_HEADER_BYTES, dtypes checked against a
+fixed set, nothing unpickled), from which the receivers derive the same buckets. A group that cannot form within `timeout_s` raises `WeightSyncError` naming the address.
 """
 
 from __future__ import annotations

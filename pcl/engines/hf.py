@@ -9,8 +9,8 @@ padding and an attention mask (`model.generate` derives positions from the mask,
 shift them). Each prompt is prefilled once: the KV cache of all its tokens but the last is computed for
 the distinct prompts and repeated for their n samples, whose generation starts at the last prompt token.
 Against a prefill of every sample (`share_prefill=False`) that cuts the prefill n-fold, and it samples
-the same tokens: the same logits, drawn in the same order. Sampling draws from torch's global generator inside `torch.random.fork_rng`, seeded
-per call: results are reproducible and the caller's RNG state is left untouched. The generation config
+the same tokens: the same logits, drawn in the same order. Sampling draws from torch's global generator
+inside `torch.random.fork_rng`, seeded per call: results are reproducible and the caller's RNG state is left untouched. The generation config
 is built from `SamplingParams` alone; nothing from the checkpoint's generation_config.json (a preset
 temperature, top-k or repetition penalty) leaks into sampling except its EOS ids.
 """
@@ -150,7 +150,7 @@ class HFEngine(Engine):
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         width = input_ids.shape[1]
         shared = {}
-        if self.share_prefill and width > 1:
+        if self.share_prefill and n > 1 and width > 1:  # one sample per prompt: nothing to share
             shared["past_key_values"] = self._prefill_once(input_ids[:, :-1], attention_mask[:, :-1], n)
         output = self.model.generate(
             input_ids=input_ids.repeat_interleave(n, dim=0),
