@@ -1,0 +1,367 @@
+"""The run configuration's schema: one pydantic model per section, `Config` the whole tree (loading,
+overrides and redaction are in `pcl.config`, which re-exports every name here).
+
+Every section rejects unknown keys (`extra="forbid"`), every number carries its allowed range, and the
+selection strategy is a discriminated union on `type`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from pcl.credentials import check_token
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names each bad key and where it came from."""
+
+
+Resources = dict[str, Annotated[float, Field(gt=0)]]  # custom Ray resources an actor needs: {name: amount}
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    name: str = Field("pcl", min_length=1, description="Run name; prefixes Redis keys and metrics.")
+    seed: int = Field(0, ge=0, description="Seed for sampling, initialisation and generation.")
+    steps: int = Field(100, ge=1, description="Number of training steps.")
+    m: int = Field(512, ge=1, description="Prompts per step (the paper's m).")
+    n: int = Field(16, ge=1, description="Generations per prompt (the paper's n).")
+    eval_every: int = Field(10, ge=0, description="Held-out evaluation every N steps (and at step 0); 0 disables.")
+    eval_every_s: float | None = Field(None, gt=0, description="Held-out evaluation instead each time another N "
+                                       "seconds of training have passed (evaluations excluded), and at step 0: "
+                                       "the same spacing in time for strategies whose steps take different time.")
+    eval_samples: int = Field(4, ge=1, description="Samples per held-out prompt; accuracy is their mean reward.")
+    eval_temperature: float | None = Field(None, ge=0, le=5, description="Held-out sampling temperature; rollout.temperature when unset.")
+    run_dir: str | None = Field(None, description="Where metrics and checkpoints go; --run-dir overrides.")
+    time_budget_s: float | None = Field(None, gt=0, description="Stop after this many wall-clock seconds.")
+    train_budget_s: float | None = Field(None, gt=0, description="Stop after this many seconds of training "
+                                         "(train_elapsed_seconds: evaluations and checkpoint writes excluded), "
+                                         "the paper's clock; the last evaluation is taken at the stop.")
+
+    @property
+    def evaluates_held_out(self) -> bool:
+        """Whether held-out accuracy is measured at all (by steps or by seconds of training)."""
+        return bool(self.eval_every or self.eval_every_s)
+
+
+# The tiny task families (pcl.tiny.tasks), each a data source and a model.path of its built policy.
+TINY_SOURCES = ("tiny", "tiny-carry")
+
+
+class DataConfig(Section):
+    source: str = Field("tiny", description="A tiny task ('tiny': sums answered alone; 'tiny-carry': sums answered "
+                        "with a scratchpad, most prompts always or never solved), a known dataset (math, deepscaler, math500, aime24, aime25, amc23, "
+                        "minerva, olympiadbench, or their Hugging Face names: pcl.datasets), a local .jsonl/.json/.parquet "
+                        "path, or another Hugging Face dataset name.")
+    root: str | None = Field(None, description="Directory of local copies of the known datasets (math500.jsonl, ...), "
+                             "read instead of the hub; PCL_DATA_ROOT when unset.")
+    split: str = Field("train", description="Split, for Hugging Face datasets.")
+    revision: str | None = Field(None, min_length=1, description="Hugging Face revision (commit sha, tag or branch) "
+                                 "of `source`, when read from the hub; a resume with another one is refused. Unset: "
+                                 "the known dataset's pinned revision if it has one, else the hub's newest.")
+    prompt_field: str = Field("problem", description="Field holding the question.")
+    answer_field: str = Field("answer", description="Field holding the gold answer (str, number or list).")
+    id_field: str | None = Field(None, description="Field holding a stable row id; the row index when unset.")
+    template: Literal["qwen_base", "chat", "plain", "tiny"] = Field(
+        "qwen_base", description="Prompt template: the paper's Qwen base suffix, the tokenizer's chat template, as is, or the tiny task's."
+    )
+    max_prompt_tokens: int = Field(1024, ge=1, description="Longer prompts are skipped and counted, never cut.")
+    eval_source: str | None = Field(None, description="Held-out set (same forms as `source`); a tiny task's name uses its held-out split.")
+    eval_size: int = Field(256, ge=1, description="Held-out prompts evaluated at each evaluation.")
+    tiny_size: int = Field(4096, ge=16, description="Training prompts generated for the tiny task.")
+
+
+class ModelConfig(Section):
+    path: str = Field("tiny", description="Policy: a local Hugging Face directory, a hub name, or a tiny task's name "
+                      "('tiny', 'tiny-carry': its built policy).")
+    tokenizer: str | None = Field(None, description="Tokenizer path; the model's when unset.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="Parameter dtype.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where the policy lives.")
+
+
+class OptimizerConfig(Section):
+    lr: float = Field(8e-6, gt=0, le=1, description="Policy learning rate.")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="AdamW weight decay.")
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.999, ge=0, lt=1)
+    eps: float = Field(1e-8, gt=0)
+    grad_clip: float | None = Field(1.0, gt=0, description="Global gradient-norm clip; null disables.")
+
+
+class ValueModelConfig(Section):
+    path: str | None = Field(None, description="Backbone; the policy's path when unset (same size as the policy).")
+    lr: float = Field(1e-6, gt=0, le=1, description="Value-model learning rate (the paper: 1e-6).")
+    batch_size: int = Field(64, ge=1, description="Prompts per forward pass when scoring candidates.")
+    grad_clip: float | None = Field(1.0, gt=0)
+    num_ranks: int = Field(1, ge=1, description="Processes V is sharded over with FSDP2 (each takes "
+                           "learner.num_gpus_per_rank GPUs; NCCL on GPU, gloo on CPU); 1: one unsharded V. V "
+                           "trains in float32 with AdamW, ~16 bytes per parameter: `pcl plan` says how many fit.")
+    score_dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="dtype of the copy of V "
+                                                               "that scores candidates, refreshed after each V "
+                                                               "step; auto: bfloat16 on GPU, float32 on CPU.")
+    ev_sample: int = Field(32, ge=0, description="Unfiltered candidates rolled out each step to measure V's explained variance.")
+    resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each value scorer needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
+
+
+class UniformSelection(Section):
+    """Plain GRPO: m prompts uniformly at random."""
+
+    type: Literal["uniform"] = "uniform"
+
+
+class PCLSelection(Section):
+    """The value model picks the m of k*m candidates closest to tau."""
+
+    type: Literal["pcl"] = "pcl"
+    tau: float = Field(0.5, ge=0, le=1, description="Target pass rate.")
+    k: int = Field(4, ge=1, description="Candidate pool factor: k*m candidates are scored.")
+    pipelined: bool = Field(False, description="Score step t+1's candidates while step t generates.")
+
+
+class PrefilterSelection(Section):
+    """Keep prompts whose reference-policy pass rate is strictly between p_low and p_high."""
+
+    type: Literal["prefilter"] = "prefilter"
+    n_pre: int = Field(16, ge=1, description="Reference rollouts per prompt (the paper: 16).")
+    p_low: float = Field(0.0, ge=0, le=1)
+    p_high: float = Field(1.0, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "PrefilterSelection":
+        if self.p_low >= self.p_high:
+            raise ValueError(f"p_low ({self.p_low}) must be below p_high ({self.p_high})")
+        return self
+
+
+class DynamicSamplingSelection(Section):
+    """DAPO: generate for k*m prompts, keep those with 0 < p < 1, repeat until m (bounded)."""
+
+    type: Literal["dynamic_sampling"] = "dynamic_sampling"
+    k: int = Field(2, ge=1, description="Prompts generated per round, as a multiple of m (the paper: 2).")
+    max_rounds: int = Field(16, ge=1, description="Safeguard: generation rounds before at_round_limit applies.")
+    at_round_limit: Literal["shrink", "fill"] = Field("shrink", description="When max_rounds ends a step with fewer "
+        "than m informative prompts (counted, logged): 'shrink' trains on those only (effective ratio 1); 'fill' "
+        "pads the batch to m with zero-variance groups.")
+
+
+class SpeedSelection(Section):
+    """SPEED: n_init screening rollouts for k*m prompts, n - n_init more for the accepted ones."""
+
+    type: Literal["speed"] = "speed"
+    k: int = Field(2, ge=1, description="Candidates screened per round, as a multiple of m (the paper: 2).")
+    n_init: int = Field(4, ge=1, description="Screening rollouts per candidate (below run.n).")
+    max_rounds: int = Field(4, ge=2, description="Generation rounds per step (screening and continuation batched "
+                            "together); the last continues the best available when fewer than m were accepted.")
+    carry_over: bool = Field(True, description="The paper's SPEED: accepted prompts not continued in a step stay "
+                             "buffered, with their screening samples, for the next step (off-policy by one step); "
+                             "false: dropped at the end of the step (on-policy).")
+
+
+class GresoSelection(Section):
+    """GRESO: skip prompts that were all-correct / all-wrong, with adaptive probabilities."""
+
+    type: Literal["greso"] = "greso"
+    p_easy: float = Field(0.5, ge=0, le=1, description="Initial exploration probability of a prompt that was "
+                          "all-correct: after s such steps in a row it is rolled out with probability p_easy**s.")
+    p_hard: float = Field(0.5, ge=0, le=1, description="Initial exploration probability of an all-wrong prompt "
+                          "(likewise p_hard**s).")
+    delta_p: float = Field(0.01, gt=0, le=1, description="Adaptation step of p_easy / p_hard per step.")
+    target_zero_variance: float = Field(0.25, ge=0, le=1, description="Target share of zero-variance prompts "
+                                        "among those rolled out (a third all-correct, two thirds all-wrong).")
+    k: float = Field(1.5, ge=1, description="Candidates drawn in a step's first round, as a multiple of m (the "
+                     "paper: B_r^default = 768 prompts for m = 512, so 1.5).")
+    max_rounds: int = Field(4, ge=1, description="Generation rounds before the batch is filled with the best available.")
+
+
+class ProbeSelection(Section):
+    """The paper's difficulty experiment: roll out k*m candidates n_probe times to estimate their pass rates,
+    train on the m whose estimate is closest to target_p, with n fresh rollouts (the estimates are not reused)."""
+
+    type: Literal["probe"] = "probe"
+    target_p: float = Field(0.5, ge=0, le=1, description="Target pass rate of the trained prompts (the paper: 0, "
+                            ".25, .5, .75, 1).")
+    k: int = Field(4, ge=1, description="Candidates estimated each step, as a multiple of m.")
+    n_probe: int = Field(8, ge=1, description="Estimation rollouts per candidate (not trained on).")
+
+
+Selection = Annotated[
+    Union[UniformSelection, PCLSelection, PrefilterSelection, DynamicSamplingSelection, SpeedSelection, GresoSelection,
+          ProbeSelection],
+    Field(discriminator="type"),
+]
+
+
+class RolloutConfig(Section):
+    engine: Literal["hf", "vllm"] = Field("hf", description="Generation engine.")
+    num_workers: int = Field(1, ge=1, description="Rollout workers (actors).")
+    temperature: float = Field(1.0, ge=0, le=5)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1, description="-1 disables top-k.")
+    max_new_tokens: int = Field(4096, ge=1, description="Longer responses are truncated and rewarded 0.")
+    max_in_flight: int = Field(8, ge=1, description="Requests a worker holds at once (backpressure).")
+    threads: int = Field(1, ge=1, le=256, description="torch intra-op threads of each CPU rollout worker: during "
+                         "generation the learner ranks are idle, so a worker may use their cores.")
+    gpu_memory_utilization: float = Field(0.6, gt=0, le=1, description="vLLM only.")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM only.")
+    num_gpus_per_worker: float = Field(0.0, ge=0)
+    resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each rollout worker needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
+    step_timeout_s: float = Field(1800.0, gt=0, description="Deadline for a step's samples to be generated and verified.")
+    deterministic: bool = Field(False, description="Seed each request from (run.seed, step, prompt, first sample "
+                                "index) and generate it alone: samples no longer depend on batching or on which "
+                                "worker serves them, so a resumed run repeats a straight one exactly (CPU; slower).")
+    weight_sync: Literal["rpc", "collective"] = Field("rpc", description="vLLM only: how each step's weights "
+                                                      "reach the workers. rpc: safetensors chunks over vLLM's "
+                                                      "collective_rpc (after Ray's object store); collective: a "
+                                                      "bucketed torch.distributed broadcast from learner rank 0 "
+                                                      "into every vLLM worker (NCCL on GPU, gloo on CPU).")
+    weight_sync_bucket_mb: int = Field(256, ge=1, le=16384, description="collective: MiB per broadcast bucket.")
+
+    @model_validator(mode="after")
+    def _collective_needs_vllm(self) -> "RolloutConfig":
+        if self.weight_sync == "collective" and self.engine != "vllm":
+            raise ValueError("weight_sync=collective needs engine=vllm (the HF engine takes weights by rpc)")
+        return self
+
+
+class VerifierConfig(Section):
+    num_workers: int = Field(1, ge=1, description="Verifier workers (actors).")
+    processes: int = Field(2, ge=1, description="Spawned math-verify processes per worker.")
+    timeout_s: float = Field(5.0, gt=0, le=600, description="Hard per-sample timeout; a timeout is reward 0.")
+    max_tasks_per_worker: int | None = Field(10000, ge=1, description="Samples a math-verify process scores before "
+                                             "it is recycled (replaced by a fresh one, whose start costs about as "
+                                             "much CPU as a thousand samples); null: never.")
+    max_error_share: float = Field(0.1, ge=0, le=1, description="A step whose share of rewards that are verifier "
+                                   "errors (not verdicts) exceeds this fails instead of training on their zeros.")
+    resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each verifier worker needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
+
+
+class LearnerConfig(Section):
+    num_ranks: int = Field(1, ge=1, description="Learner ranks (one torch.distributed process group, FSDP2).")
+    micro_batch_size: int = Field(8, ge=1, description="Sequences per forward/backward; gradients accumulate.")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="auto: NCCL with GPUs, gloo without.")
+    num_gpus_per_rank: float = Field(0.0, ge=0)
+    timeout_s: float = Field(1800.0, gt=0, description="Deadline for one learner call (a step, a weight gather, a "
+                             "checkpoint) and for every other remote call the coordinator makes.")
+    resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each learner rank needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
+    reshard_after_forward: bool = Field(True, description="FSDP2: free gathered parameters after forward (memory) "
+                                        "or keep them for backward (speed, for small models).")
+
+
+class RedisConfig(Section):
+    url: str | None = Field(None, description="redis:// or rediss:// URL; REDIS_URL when unset; embedded server when neither.")
+    visibility_timeout_s: float = Field(30.0, gt=0, description="Entries pending this long on a dead consumer are reclaimed.")
+    max_deliveries: int = Field(3, ge=1, description="A record that fails this often goes to the dead-letter stream.")
+    block_ms: int = Field(200, ge=1, description="Blocking read timeout.")
+    appendonly: bool = Field(True, description="AOF persistence for the embedded server.")
+    maxmemory_mb: int | None = Field(None, ge=0, description="maxmemory of the embedded server (noeviction: a full "
+                                     "server makes writers wait); a quarter of the machine's memory when unset; 0: none.")
+
+
+class ControlConfig(Section):
+    enabled: bool = Field(True, description="Serve the control plane with the run.")
+    host: str = Field("127.0.0.1")
+    port: int = Field(8600, ge=0, le=65535, description="0 picks a free port.")
+    token: str | None = Field(None, description="Bearer token (at least 32 characters, no placeholder); "
+                              "PCL_API_TOKEN when unset; generated when neither. Never printed.")
+    allowed_hosts: list[str] = Field(default_factory=list, description="Host headers served (a guard against DNS "
+                                     "rebinding), e.g. [pcl.example.org, 127.0.0.1]; '*.example.org' for subdomains; "
+                                     "empty: any.")
+    docs: bool = Field(False, description="Serve the Swagger UI at /docs (it loads scripts from cdn.jsdelivr.net); "
+                       "/openapi.json is always served.")
+    max_body_bytes: int = Field(65536, ge=1024, description="Larger request bodies are refused (413) unread.")
+    max_concurrent_requests: int = Field(64, ge=1, description="Requests served at once; more get 503 at once.")
+    depth_cache_s: float = Field(5.0, ge=0, description="Queue depths in /v1/status and /metrics are at most this "
+                                 "old (computed once per interval, however many clients ask); 0: every request.")
+
+    @field_validator("token")
+    @classmethod
+    def _strong_token(cls, token: str | None) -> str | None:
+        return None if token is None else check_token(token, "control.token")
+
+
+class CheckpointConfig(Section):
+    every: int = Field(0, ge=0, description="Checkpoint every N steps; 0 only on request and at the end.")
+    keep: int = Field(2, ge=1, description="Complete checkpoints kept.")
+    max_restarts: int = Field(3, ge=0, description="Times the driver restarts the run from its newest checkpoint "
+                              "(from the start when there is none) after a failure no actor restart covers: a "
+                              "learner rank, the sampler or the coordinator lost, a deadline missed.")
+
+
+class EvaluationConfig(Section):
+    """The paper's benchmarks evaluated through the rollout fleet during training, and by `pcl eval` (which takes
+    every setting from here: `pcl.evaluation.eval_plan`)."""
+
+    suite: list[Literal["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"]] = Field(
+        default_factory=list, description="Benchmarks evaluated every `every` steps; empty: none (pcl eval: all six).")
+    every: int = Field(0, ge=0, description="Evaluate the suite every N steps and at the end; 0: never.")
+    k: dict[str, Annotated[int, Field(ge=1)]] = Field(default_factory=dict, description="avg@k per benchmark; the "
+                                                      "paper's for those not named (AIME, AMC 32; Minerva 4; others 1).")
+    limit: int | None = Field(None, ge=1, description="The first N prompts of each benchmark only.")
+    temperature: float = Field(0.6, ge=0, le=5)
+    top_p: float = Field(0.95, gt=0, le=1)
+    top_k: int = Field(20, ge=-1, description="-1 disables top-k.")
+    max_new_tokens: int | None = Field(None, ge=1, description="rollout.max_new_tokens when unset.")
+    keep_best: bool = Field(True, description="Checkpoint at each new best score (best_by) and keep it (best.json "
+                            "names it) beside the last checkpoint.keep.")
+    best_by: Literal["average", "math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"] = Field(
+        "average", description="The score that picks the best checkpoint: 'average' (the suite's mean) or one "
+        "benchmark of the suite (the paper: math500 for MATH runs, the six-benchmark average for DeepScaleR).")
+
+    @model_validator(mode="after")
+    def _best_by_in_suite(self) -> "EvaluationConfig":
+        if self.suite and self.best_by != "average" and self.best_by not in self.suite:
+            raise ValueError(f"best_by ({self.best_by!r}) must be 'average' or a benchmark of the suite {self.suite}")
+        return self
+
+
+Backend = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow", "trackio"]
+
+
+class LoggingConfig(Section):
+    """Where each step's metrics go besides RUN_DIR/metrics.jsonl (always written): experiment trackers, for
+    comparing runs. Each tracker library is imported only when named here (`services.tracking`)."""
+
+    backends: list[Backend] = Field(default_factory=lambda: ["console", "jsonl"], description="console (a line "
+                                    "per step), jsonl (always on), tensorboard, wandb, mlflow, trackio.")
+    project: str = Field("pcl", min_length=1, description="Project / experiment name in wandb, MLflow and trackio.")
+    mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI; MLFLOW_TRACKING_URI when unset, "
+                                            "else a local store in RUN_DIR/mlruns.")
+
+    @field_validator("backends")
+    @classmethod
+    def _jsonl_always(cls, backends: list[str]) -> list[str]:
+        unique = list(dict.fromkeys(backends))
+        return unique if "jsonl" in unique else ["jsonl", *unique]
+
+
+class ClusterConfig(Section):
+    """The cluster `pcl plan` checks a run's GPU memory against (nothing else reads it)."""
+
+    nodes: int = Field(1, ge=1, description="Nodes.")
+    gpus_per_node: int = Field(8, ge=1, description="GPUs per node.")
+    gpu_memory_gb: float = Field(80.0, gt=0, description="Memory of one GPU, in GB (10^9 bytes).")
+    headroom: float = Field(0.1, ge=0, lt=1, description="Share of every learner and value GPU kept free for what "
+                            "the plan does not count: activations, the CUDA context, allocator fragmentation.")
+
+
+class Config(Section):
+    run: RunConfig = RunConfig()
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    value: ValueModelConfig = ValueModelConfig()
+    selection: Selection = PCLSelection()
+    rollout: RolloutConfig = RolloutConfig()
+    verifier: VerifierConfig = VerifierConfig()
+    learner: LearnerConfig = LearnerConfig()
+    redis: RedisConfig = RedisConfig()
+    control: ControlConfig = ControlConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
+    logging: LoggingConfig = LoggingConfig()
+    cluster: ClusterConfig = ClusterConfig()
