@@ -279,6 +279,58 @@ def finish_run(run_dir: Path, summary: dict, trackers, control) -> None:
           flush=True)
 
 
+def announce(cfg: Config, prep: Prepared) -> None:
+    """The run's opening lines; partial checkpoints of an interrupted write are removed (one driver per run dir:
+    none is being written)."""
+    from pcl import checkpoint as ckpt
+
+    print(f"pcl: run dir {prep.run_dir}  policy {prep.policy_path}  strategy {cfg.selection.type}  "
+          f"m={cfg.run.m} n={cfg.run.n}  {len(prep.train_prompts)} train / {len(prep.eval_prompts)} eval prompts",
+          flush=True)
+    for partial in ckpt.remove_partial(prep.run_dir / "checkpoints"):
+        print(f"pcl: removed {partial}, a partial checkpoint of an interrupted write", flush=True)
+
+
+def open_run_redis(cfg: Config, run_dir: Path):
+    """The run's Redis (`redis.url`, else embedded under RUN_DIR/redis); warns when an embedded one meets a Ray
+    cluster, whose other hosts cannot reach it."""
+    from services.redis_server import open_redis
+
+    redis = open_redis(cfg.redis, run_dir / "redis")
+    if redis.embedded and os.environ.get("RAY_ADDRESS"):
+        print("pcl: warning: no redis.url / REDIS_URL with a Ray cluster: the embedded Redis listens on this host "
+              "only, so actors on other hosts cannot reach it (fine when every node is this machine)",
+              file=sys.stderr, flush=True)
+    return redis
+
+
+def steps_logged(run_dir: Path) -> int:
+    """Step records already in RUN_DIR/metrics.jsonl (a restored run's, before it goes on)."""
+    return len(read_metrics(run_dir / METRICS_FILE)) if (run_dir / METRICS_FILE).exists() else 0
+
+
+def control_snapshot(checkpoint: Path | None) -> dict | None:
+    """The control state kept with `checkpoint` (control.json), if any."""
+    if checkpoint is not None and (checkpoint / "control.json").is_file():
+        return json.loads((checkpoint / "control.json").read_text())
+    return None
+
+
+def start_from(cfg: Config, run_dir: Path, fleet, checkpoint: Path | None) -> None:
+    """A new fleet restores `checkpoint`; a fresh start (or a restart before the first checkpoint) begins with
+    empty logs."""
+    import ray
+
+    from pcl.runlog import SELECTIONS_FILE, MetricsLog
+
+    if checkpoint is not None:
+        info = ray.get(fleet.coordinator.restore.remote(str(checkpoint)), timeout=cfg.learner.timeout_s)
+        print(f"pcl: restored step {info['step']} (policy version {info['policy_version']})", flush=True)
+    else:
+        MetricsLog(run_dir).truncate_after(-1)
+        MetricsLog(run_dir, SELECTIONS_FILE).truncate_after(-1)
+
+
 def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = None) -> int:
     """Train to completion; returns the process exit code."""
     started = time.perf_counter()
@@ -286,32 +338,21 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     import ray
 
     from pcl import checkpoint as ckpt
-    from pcl.runlog import SELECTIONS_FILE, MetricsLog
     from services.control_plane import DriverControl
     from entrypoints.fleet import start_fleet
     from services.rollout_client import purge_streams
-    from services.redis_server import EmbeddedRedisKeeper, open_redis
+    from services.redis_server import EmbeddedRedisKeeper
 
-    print(f"pcl: run dir {prep.run_dir}  policy {prep.policy_path}  strategy {cfg.selection.type}  "
-          f"m={cfg.run.m} n={cfg.run.n}  {len(prep.train_prompts)} train / {len(prep.eval_prompts)} eval prompts",
-          flush=True)
-    for partial in ckpt.remove_partial(prep.run_dir / "checkpoints"):  # one driver per run dir: none is ours
-        print(f"pcl: removed {partial}, a partial checkpoint of an interrupted write", flush=True)
+    announce(cfg, prep)
     from services.tracking import Trackers
 
     # the trackers' runs (new, or the resumed run's) open before Redis and the actors: a failure costs nothing
     trackers = Trackers.open(cfg, prep.run_dir, resume=resume is not None, checkpoint=prep.checkpoint)
     console = None if "console" in cfg.logging.backends else open(os.devnull, "w")  # noqa: SIM115
-    redis = open_redis(cfg.redis, prep.run_dir / "redis")
-    if redis.embedded and os.environ.get("RAY_ADDRESS"):
-        print("pcl: warning: no redis.url / REDIS_URL with a Ray cluster: the embedded Redis listens on this host "
-              "only, so actors on other hosts cannot reach it (fine when every node is this machine)",
-              file=sys.stderr, flush=True)
+    redis = open_run_redis(cfg, prep.run_dir)
     control, own_ray, fleet = None, False, None
     checkpoint, restarts = prep.checkpoint, 0
-    snapshot = None
-    if checkpoint is not None and (checkpoint / "control.json").is_file():
-        snapshot = json.loads((checkpoint / "control.json").read_text())
+    snapshot = control_snapshot(checkpoint)
     try:
         # Control state in Redis (reset for a fresh run) and, with control.enabled, the control plane.
         control = DriverControl(cfg, redis.url, prep.run_dir, k_max=len(prep.train_prompts) // cfg.run.m,
@@ -324,16 +365,10 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
             purge_streams(redis.url, cfg.run.name)  # nothing in flight from an earlier attempt is collected
             fleet = start_fleet(cfg, prep, redis.url)
             try:
-                if checkpoint is not None:
-                    info = ray.get(fleet.coordinator.restore.remote(str(checkpoint)), timeout=cfg.learner.timeout_s)
-                    print(f"pcl: restored step {info['step']} (policy version {info['policy_version']})", flush=True)
-                else:  # a fresh start (or a restart before the first checkpoint) begins with empty logs
-                    MetricsLog(prep.run_dir).truncate_after(-1)
-                    MetricsLog(prep.run_dir, SELECTIONS_FILE).truncate_after(-1)
+                start_from(cfg, prep.run_dir, fleet, checkpoint)
                 print(f"pcl: actors up in {time.perf_counter() - started:.1f}s; training", flush=True)
-                done = len(read_metrics(prep.run_dir / METRICS_FILE)) if (prep.run_dir / METRICS_FILE).exists() else 0
                 summary = follow(fleet.coordinator.run.remote(), prep.run_dir, cfg.run.steps, stream=console,
-                                 seen=done, on_record=trackers.commit,
+                                 seen=steps_logged(prep.run_dir), on_record=trackers.commit,
                                  on_poll=lambda: (keep_redis(), trackers.relay(control.store)))
                 break
             except Exception as exc:
