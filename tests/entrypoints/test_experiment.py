@@ -98,7 +98,9 @@ def test_two_arms_run_and_the_report_has_its_table_and_plots(tiny_model, ray_ses
 
     report = (tmp_path / "docs" / "mini.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| uniform |") or line.startswith("| pcl |")]
-    assert len(rows) == 2 and all(len(row.split("|")) == 11 for row in rows)
+    header = next(line for line in report.splitlines() if line.startswith("| strategy |"))
+    assert len(header.split("|")) == 12  # 10 columns: the best gain in points is one of them
+    assert len(rows) == 2 and all(len(row.split("|")) == 12 for row in rows)
     for stem in ("accuracy-vs-time", "effective-ratio", "value-ev", "reference-difficulty"):
         png = tmp_path / "docs" / "mini" / f"{stem}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"(mini/{stem}.png)" in report
