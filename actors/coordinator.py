@@ -6,7 +6,7 @@ evaluations, checkpoints and pauses around the steps); they reach the fleet thro
 
     prompts  -> the PromptSamplerActor          scorer   -> the ValueScorerActor (V)
     learner  -> the learner group, weight sync  rollouts -> the request / result / reward streams
-    control  -> the control plane on Redis      (`services.run_control.RunControl`)
+    control  -> the control plane on Redis      (`services.control.run.RunControl`)
 
 The driver (`entrypoints/train.py`) starts it, calls `restore(checkpoint)` to continue a run, then `run()`.
 """
@@ -19,18 +19,18 @@ import ray
 
 from actors.ports import ActorScorer, FleetLearner, SamplerPrompts, StreamRollouts, state_bytes_estimate
 from pcl.config import Config
-from pcl.data import PromptRecord
+from pcl.data.prompts import PromptRecord
 from pcl.loop import Evaluation, StepLoop, TrainingRun
 from pcl.strategies import make_strategy
-from services.tracking import TRACKERS_FILE  # the tracker run ids, kept with each checkpoint
+from services.tracking.trackers import TRACKERS_FILE  # the tracker run ids, kept with each checkpoint
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class Coordinator:
     def __init__(self, cfg: dict, run_dir: str, fleet: dict, eval_prompts: list[PromptRecord],
                  suite: dict[str, list[PromptRecord]] | None = None):
-        from services.rollout_client import RolloutClient  # noqa: PLC0415 - keeps redis out of import time
-        from services.run_control import RunControl  # noqa: PLC0415
+        from services.streams.rollout_client import RolloutClient  # noqa: PLC0415 - keeps redis out of import time
+        from services.control.run import RunControl  # noqa: PLC0415
 
         cfg = Config.model_validate(cfg)
         timeout_s = cfg.learner.timeout_s  # no remote call waits longer

@@ -4,7 +4,7 @@
     stats = group.train(sequences, global_count)       # exactly one optimizer step (algorithm step 7)
     ref = group.state_ref()                           # full weights of rank 0, in the object store
 
-Each rank runs `pcl.learner.PolicyLearner`; this file only places the ranks, wires the process group
+Each rank runs `pcl.models.learner.PolicyLearner`; this file only places the ranks, wires the process group
 (gloo on CPU, NCCL on GPU) and fans a step's shards out to them.
 """
 
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import ray
 
 from actors.runtime import gather, init_actor_process
-from pcl.batch import shard_sequences
+from pcl.loop.batch import shard_sequences
 
 if TYPE_CHECKING:
     from pcl.config import LearnerConfig, ModelConfig, OptimizerConfig
@@ -50,7 +50,7 @@ class LearnerRank:
               model: ModelConfig, seed: int) -> bool:
         """Join the process group (backend resolved by the group) and build this rank's share of the policy at
         model.path, with the `learner` and `optimizer` sections."""
-        from pcl.learner import PolicyLearner, init_process_group
+        from pcl.models.learner import PolicyLearner, init_process_group
 
         init_process_group(backend, f"tcp://{master[0]}:{master[1]}", self.rank, self.world_size)
         self.learner = PolicyLearner(model.path, optimizer, micro_batch_size=cfg.micro_batch_size,
@@ -67,7 +67,7 @@ class LearnerRank:
 
     def open_weight_group(self, address: tuple[str, int], world_size: int, backend: str, timeout_s: float) -> bool:
         """Rank 0: host the weight-sync group with the vLLM workers (`rollout.weight_sync: collective`)."""
-        from pcl.weight_sync import WeightGroup
+        from pcl.weight_sync.collective import WeightGroup
 
         device = "cuda" if backend == "nccl" else "cpu"
         self.weight_group = WeightGroup.open(address[0], address[1], 0, world_size, backend, timeout_s, device)

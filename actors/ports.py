@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import ray
 
 from actors.runtime import gather
-from pcl import checkpoint as ckpt
+import pcl.loop.checkpoint_store as ckpt
 from pcl.config import Config
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class FleetLearner:
 
 
 class StreamRollouts:
-    """Generation through the request, result and reward streams (`services.rollout_client`), checking the
+    """Generation through the request, result and reward streams (`services.streams.rollout_client`), checking the
     fleet's weights while it waits."""
 
     def __init__(self, client, fleet: FleetLearner, timeout_s: float):

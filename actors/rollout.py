@@ -1,7 +1,7 @@
 """RolloutWorker actor: one member of the rollout fleet (algorithm step 4).
 
 It serves the request stream in a background thread with a generation engine (HF on CPU, vLLM on GPU) and
-takes versioned weights from the learner between steps. All logic is in `services.workers.RolloutService`.
+takes versioned weights from the learner between steps. All logic is in `services.streams.workers.RolloutService`.
 
 Ray restarts a worker whose process dies (or whose node is lost). The restarted worker holds the initial
 weights (version 0) and takes no request until the coordinator, which checks the fleet's versions while it
@@ -46,8 +46,8 @@ class RolloutWorker:
         from pcl.engines import make_engine
         from pcl.engines.pinned import PinnedEngine
         from services.redis_server import make_client
-        from services.topology import open_role
-        from services.workers import RolloutService, serve_forever
+        from services.streams.topology import open_role
+        from services.streams.workers import RolloutService, serve_forever
 
         device = "cuda" if cfg.num_gpus_per_worker > 0 else "cpu"
         # Built, generating and loading weights on one thread: one OpenMP team (see pcl.engines.pinned).

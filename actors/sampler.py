@@ -1,7 +1,7 @@
 """PromptSampler actor: draws each step's candidate prompts from the training set (algorithm step 1).
 
-A thin wrapper over `pcl.sampler.PromptSampler` (seeded epoch shuffle, resumable cursor) and the prompt
-table (`pcl.data.PromptRecord`s, already templated and tokenised by the driver).
+A thin wrapper over `pcl.data.sampler.PromptSampler` (seeded epoch shuffle, resumable cursor) and the prompt
+table (`pcl.data.prompts.PromptRecord`s, already templated and tokenised by the driver).
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import ray
 
-from pcl.data import PromptRecord
-from pcl.fingerprint import data_fingerprint, fingerprint_differences
-from pcl.sampler import PromptSampler
+from pcl.data.prompts import PromptRecord
+from pcl.data.fingerprint import data_fingerprint, fingerprint_differences
+from pcl.data.sampler import PromptSampler
 
 
 def draw_distinct(sampler: PromptSampler, count: int) -> list[int]:

@@ -2,8 +2,8 @@
 
 Scores the k*m candidates each step in batches (prompt-only forward pass) and trains on the m selected
 prompts' realised pass rates once their rewards are in, with its own optimizer. With one rank it is a thin
-wrapper over `pcl.value.ValueTrainer`; with N > 1 this actor is rank 0 of an FSDP2 group
-(`pcl.value_sharded.ShardedValueTrainer`) and starts the N-1 other ranks (`ValueRank`, each with the same GPUs
+wrapper over `pcl.models.value.ValueTrainer`; with N > 1 this actor is rank 0 of an FSDP2 group
+(`pcl.models.value_sharded.ShardedValueTrainer`) and starts the N-1 other ranks (`ValueRank`, each with the same GPUs
 and resources). It splits each call's prompts into N shares and runs its own share while the others run theirs:
 scoring is local to each rank (its scoring copy), a training step is collective.
 
@@ -37,15 +37,15 @@ def _build_trainer(cfg: ValueModelConfig, model_path: str, device: str, seed: in
     group (NCCL on GPU, gloo on CPU) whose rank 0 listens at `master`."""
     import torch
 
-    from pcl.value import ValueModel, ValueTrainer
+    from pcl.models.value import ValueModel, ValueTrainer
 
     torch.manual_seed(seed)
     options = dict(grad_clip=cfg.grad_clip, batch_size=cfg.batch_size, score_dtype=cfg.score_dtype)
     if world_size == 1:
         return ValueTrainer(ValueModel.from_pretrained(model_path, dtype="float32", device=device), lr=cfg.lr,
                             **options)
-    from pcl.learner import init_process_group
-    from pcl.value_sharded import ShardedValueTrainer
+    from pcl.models.learner import init_process_group
+    from pcl.models.value_sharded import ShardedValueTrainer
 
     gpu = device.startswith("cuda")
     init_process_group("nccl" if gpu else "gloo", f"tcp://{master[0]}:{master[1]}", rank, world_size, timeout_s)
@@ -99,7 +99,7 @@ class ValueScorerActor:
         gather(setups, timeout_s, "value rank set-up")
         self.restored_from = None
         if checkpoints:  # a restart (or a resumed run's start): V as of the newest checkpoint
-            from pcl.checkpoint import latest
+            from pcl.loop.checkpoint_store import latest
 
             found = latest(checkpoints)
             if found is not None and (found / "value").is_dir():

@@ -1,6 +1,6 @@
 """RewardVerifier actor: scores rollout results with math-verify (algorithm step 5).
 
-A background thread serves the result stream through `services.workers.VerifierService`, which runs
+A background thread serves the result stream through `services.streams.workers.VerifierService`, which runs
 math-verify in a spawn-based process pool with a hard per-sample timeout, so no model output can hang it.
 Ray restarts a verifier whose process dies; what it held unacknowledged is reclaimed from the stream.
 """
@@ -24,14 +24,14 @@ class RewardVerifier:
                  answers: dict | None = None):
         """cfg: the `verifier` section; redis: the `redis` section (queue settings); run: the `run` section (its
         name keys the streams). answers: gold answer by prompt id; None reads the run's answers from Redis
-        (`services.rollout_client.publish_answers`), which is how the fleet starts them: a restarted verifier finds
+        (`services.streams.rollout_client.publish_answers`), which is how the fleet starts them: a restarted verifier finds
         them there whatever became of its creator."""
         init_actor_process(1)
-        from pcl.reward_pool import RewardPool
+        from pcl.reward.pool import RewardPool
         from services.redis_server import make_client
-        from services.rollout_client import read_answers
-        from services.topology import open_role
-        from services.workers import VerifierService, serve_forever
+        from services.streams.rollout_client import read_answers
+        from services.streams.topology import open_role
+        from services.streams.workers import VerifierService, serve_forever
 
         self.pool = RewardPool(processes=cfg.processes, timeout_s=cfg.timeout_s,
                                max_tasks_per_worker=cfg.max_tasks_per_worker)

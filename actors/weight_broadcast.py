@@ -1,5 +1,5 @@
 """The coordinator's collective weight sync (`rollout.weight_sync: collective`): learner rank 0 and every vLLM
-worker of the fleet in one torch.distributed group (`pcl.weight_sync`), each step's weights broadcast into vLLM.
+worker of the fleet in one torch.distributed group (`pcl.weight_sync.collective`), each step's weights broadcast into vLLM.
 
     broadcast = WeightBroadcast(learners, workers, cfg.rollout, backend="gloo", timeout_s=600)
     broadcast.sync(version)      # forms the group on first use (or after invalidate), then one broadcast
@@ -16,7 +16,7 @@ import logging
 
 from actors.runtime import gather
 
-log = logging.getLogger("pcl.weight_sync")
+log = logging.getLogger("pcl.weight_sync.collective")
 
 
 class WeightBroadcast:

@@ -285,7 +285,7 @@ def run(args: argparse.Namespace) -> dict:
     import httpx
 
     from pcl.config import load_config
-    from pcl.runlog import METRICS_FILE
+    from pcl.loop.runlog import METRICS_FILE
     from entrypoints.train import start_ray
 
     phases = schedule(args.warmup_steps, args.phase_steps, args.rounds)

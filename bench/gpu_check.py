@@ -10,12 +10,12 @@ weights rarely emit EOS, so every response runs to its token budget: the through
 length responses. Each check uses the product's own classes:
 
   engine      pcl.engines.hf.HFEngine.generate: prompts x n samples, generated tokens per second
-  learner     pcl.learner.PolicyLearner on a 1-rank NCCL (gloo on CPU) process group, FSDP2: one optimizer step
+  learner     pcl.models.learner.PolicyLearner on a 1-rank NCCL (gloo on CPU) process group, FSDP2: one optimizer step
               over a batch of prompt + response sequences, trained tokens per second, the gradient norm, and the
               model FLOPs utilisation: 6 x parameters x tokens/s (forward 2N, backward 4N per token; attention
               scores not counted) over the device's dense bf16 peak (PEAK_TFLOPS by device name, or
               --peak-tflops)
-  value       pcl.value.ValueModel + ValueTrainer: scoring k*m prompts in float32 and with the bfloat16 scoring
+  value       pcl.models.value.ValueModel + ValueTrainer: scoring k*m prompts in float32 and with the bfloat16 scoring
               copy (value.score_dtype; the ratio of the two times), one training step on m, the copy's refresh
   weight sync PolicyLearner.full_state_dict (the gather) + HFEngine.load_weights (the copy in), seconds
 
@@ -111,7 +111,7 @@ def check_engine(path: Path, device: str, dtype: str, sizes: tuple) -> tuple[dic
 
 def check_learner(path: Path, device: str, dtype: str, sizes: tuple) -> tuple[dict, object]:
     from pcl.config import OptimizerConfig
-    from pcl.learner import PolicyLearner, init_process_group
+    from pcl.models.learner import PolicyLearner, init_process_group
 
     count, prompt_len, response_len, micro = sizes
     with socket.socket() as s:
@@ -149,7 +149,7 @@ def _timed_score(trainer, candidates: list, device: str):
 def check_value(path: Path, device: str, sizes: tuple) -> dict:
     """Scoring k*m prompts with the float32 weights and with a bfloat16 copy (value.score_dtype), one training
     step on m (which refreshes the copy), and the refresh alone."""
-    from pcl.value import ValueModel, ValueTrainer
+    from pcl.models.value import ValueModel, ValueTrainer
 
     m, k, prompt_len = sizes
     model = ValueModel.from_pretrained(str(path), dtype="float32", device=device)

@@ -30,14 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np  # noqa: E402
 
-from services.payloads import (  # noqa: E402
+from services.streams.payloads import (  # noqa: E402
     RewardNote, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, decode, encode, encode_entry,
     pack_tokens,
 )
-from services.heap import keep_freed_heap  # noqa: E402
-from services.collector import StepCollector  # noqa: E402
-from services.queues import WorkQueue  # noqa: E402
-from services.topology import TOPOLOGY, open_queue, stream_key  # noqa: E402
+from services.streams.heap import keep_freed_heap  # noqa: E402
+from services.streams.collector import StepCollector  # noqa: E402
+from services.streams.queues import WorkQueue  # noqa: E402
+from services.streams.topology import TOPOLOGY, open_queue, stream_key  # noqa: E402
 from services.redis_server import connect, make_client, masked, start_embedded  # noqa: E402
 
 PROMPT_TOKENS, RESPONSE_TOKENS, TEXT_CHARS = 256, 2048, 7000
@@ -253,7 +253,7 @@ def main() -> None:
     aof = make_client(url).config_get("appendonly").get("appendonly")
     heap_note = "applied" if heap else "not applied (PCL_KEEP_FREED_HEAP=0, or not glibc)"
     print(f"Redis {info['redis_version']} ({where}, appendonly={aof}) at {masked(url)}; "
-          f"{os.cpu_count()} CPU cores; heap settings {heap_note} (services/heap.py)")
+          f"{os.cpu_count()} CPU cores; heap settings {heap_note} (services/streams/heap.py)")
     encode_us, decode_us, size = codec_micro()
     note = len(encode(RewardNote.of(sample_result(), "1732000000000-0", 3, 1.0, 0.01, False)))
     print(f"RewardRecord: {size:,} bytes ({RESPONSE_TOKENS} response tokens packed = {4 * RESPONSE_TOKENS:,} B); "

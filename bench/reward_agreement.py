@@ -26,8 +26,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # runnable as a script from anywhere
 
-from pcl.reward import math_reward, normalize_gold, plain_number  # noqa: E402
-from pcl.reward_pool import RewardPool  # noqa: E402
+from pcl.reward.verdict import math_reward, normalize_gold, plain_number  # noqa: E402
+from pcl.reward.pool import RewardPool  # noqa: E402
 
 BENCHMARKS = ("math500", "aime24", "aime25", "amc23", "minerva_math", "olympiadbench")
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "data" / "math"

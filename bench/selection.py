@@ -56,7 +56,7 @@ DEFAULT_LENGTHS = "8,32,128,512,2048"
 
 def rewards_of(engine, params, prompts) -> np.ndarray:
     """float[len(prompts), params.n]: verified rewards of freshly generated responses (0 when truncated)."""
-    from pcl.reward import math_reward
+    from pcl.reward.verdict import math_reward
 
     groups = engine.generate([list(p.prompt_token_ids) for p in prompts], params)
     return np.array([[0.0 if g.finish_reason == "length" else math_reward(g.text, p.answer) for g in group]
@@ -84,7 +84,7 @@ def accuracy(args, cfg, prompts, m: int) -> tuple[float, int]:
     estimates against a 32-rollout reference on held-out prompts."""
     from pcl.engines.base import SamplingParams
     from pcl.engines.hf import HFEngine
-    from pcl.value import ValueModel, ValueTrainer
+    from pcl.models.value import ValueModel, ValueTrainer
     from entrypoints.train import resolve_model_path
 
     policy = resolve_model_path(cfg.model.path, "model.path")
@@ -158,8 +158,8 @@ def cost_curve(args, tokenizer, prompts, j_fair: int) -> list[tuple[int, int, fl
     import torch
 
     from pcl.engines.base import SamplingParams
-    from pcl.selection import select_closest
-    from pcl.value import ValueModel, ValueTrainer
+    from pcl.strategies.selection import select_closest
+    from pcl.models.value import ValueModel, ValueTrainer
 
     lengths = [int(x) for x in args.lengths.split(",")]
     max_len = max(len(p.prompt_token_ids) for p in prompts) + max(lengths) + 8
@@ -259,7 +259,7 @@ def main() -> int:
     hf_logging.disable_progress_bar()
 
     from pcl.config import load_config
-    from pcl.data import load_prompts
+    from pcl.data.prompts import load_prompts
     from entrypoints.train import resolve_model_path
 
     cfg = load_config(args.config)

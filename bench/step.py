@@ -7,7 +7,7 @@
 
 Both trainers start from the same policy checkpoint (the built tiny model when its build is complete, else
 a shorter warm-up of the same build, cached) and do the same work per optimizer step: m prompts x n
-samples of at most `max_new_tokens` tokens at temperature 1, rewards from `pcl.reward.math_reward` (0 when
+samples of at most `max_new_tokens` tokens at temperature 1, rewards from `pcl.reward.verdict.math_reward` (0 when
 truncated), group-mean advantages without std scaling, no KL, and one on-policy AdamW step whose loss is
 normalised per sequence length (algorithm steps 5-7; TRL: beta=0, scale_rewards="none", loss_type="grpo",
 num_iterations=1, one generation batch of m*n completions per optimizer step, no gradient checkpointing).
@@ -105,9 +105,9 @@ class TreeCpu(threading.Thread):
 
 
 def trl_reward(max_new_tokens: int, eos_id: int, seconds: list[float]):
-    """pcl.reward.math_reward as a TRL reward function; a truncated response scores 0 (algorithm step 5).
+    """pcl.reward.verdict.math_reward as a TRL reward function; a truncated response scores 0 (algorithm step 5).
     Each call's wall time is appended to `seconds`."""
-    from pcl.reward import math_reward
+    from pcl.reward.verdict import math_reward
 
     def math_verify_reward(prompts, completions, completion_ids, answer, **_) -> list[float]:
         start = time.perf_counter()
@@ -195,7 +195,7 @@ def run_trl(args: argparse.Namespace) -> dict:
 def run_ours(args: argparse.Namespace) -> dict:
     """`pcl train configs/tiny.yaml` for `steps` steps with the given strategy; per-step times from metrics."""
     from pcl.config import load_config
-    from pcl.runlog import read_metrics
+    from pcl.loop.runlog import read_metrics
     from entrypoints.train import run_training
 
     run_dir = Path(args.out).with_suffix(".run")  # fresh per run: a run dir that holds metrics is refused
@@ -228,7 +228,7 @@ def engine_reference(model: str, cfg) -> float:
     and the rollout loop add."""
     import torch
 
-    from pcl.data import load_prompts
+    from pcl.data.prompts import load_prompts
     from pcl.engines import SamplingParams, make_engine
     from transformers import AutoTokenizer
 

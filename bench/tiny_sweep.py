@@ -5,7 +5,7 @@ epoch-shuffled sampler, V's scores, select_closest, n samples at temperature 1, 
 pcl.rl.policy_gradient_loss over the m*n batch with AdamW and gradient clipping, V trained on the
 selected prompts, 32 unfiltered probes per step for V's explained variance. `oracle` selects on true
 rollouts of all k*m candidates (k times the generation: the upper bound a perfect V approaches).
-Rewards are the integer comparison that pcl.reward.math_reward makes on the tiny task's digit-only
+Rewards are the integer comparison that pcl.reward.verdict.math_reward makes on the tiny task's digit-only
 answers, so the loop needs no math-verify; it runs where only torch and transformers are installed.
 
     python bench/tiny_sweep.py build --warm-steps 800 --out /tmp/w800           # a warm-started policy
@@ -24,8 +24,8 @@ def int_reward(text, gold):
     return 1.0 if t.isdigit() and int(t) == int(gold) else 0.0
 
 def build(args):
-    import pcl.reward, pcl.tiny.build as b
-    pcl.reward.math_reward = int_reward
+    import pcl.reward.verdict, pcl.tiny.build as b
+    pcl.reward.verdict.math_reward = int_reward
     b.build_tiny(seed=args.seed, out_dir=args.out, steps=args.warm_steps, verbose=True, force=True)
 
 def load_rows(path):
@@ -34,8 +34,8 @@ def load_rows(path):
 def train(args):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from pcl.rl import group_advantages, effective_ratio, explained_variance, policy_gradient_loss, token_logprobs
-    from pcl.selection import select_closest
-    from pcl.value import ValueModel, ValueTrainer
+    from pcl.strategies.selection import select_closest
+    from pcl.models.value import ValueModel, ValueTrainer
     from pcl.tiny.task import format_prompt
     dev = torch.device(args.device)
     torch.manual_seed(args.seed); rng = np.random.default_rng(args.seed)

@@ -9,7 +9,7 @@ of other random weights in the same process. One sync is timed from the learner'
 weights, prefix-cache reset included:
 - rpc: `VLLMEngine.load_weights`: safetensors chunks handed to `collective_rpc`, loaded by each worker;
 - collective: learner rank 0 (a thread here) broadcasts bucket by bucket on the gloo/NCCL group the vLLM worker
-  joined (`pcl.weight_sync`), which loads each bucket as it arrives.
+  joined (`pcl.weight_sync.collective`), which loads each bucket as it arrives.
 Both routes end in the same vLLM layer-wise reload. The median of `--repeats` syncs per route (after a warm-up)
 is printed, with the collective route's speed-up; a check after each route confirms vLLM generates with the
 sent weights (greedy tokens equal to transformers' under those weights).
@@ -88,7 +88,7 @@ def bench_size(size: str, dtype: str, repeats: int, bucket_bytes: int) -> tuple[
     import torch
 
     from pcl.engines.vllm import VLLMEngine
-    from pcl.weight_sync import WeightGroup
+    from pcl.weight_sync.collective import WeightGroup
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     with tempfile.TemporaryDirectory(prefix=f"pcl-bench-sync-{size}-") as tmp:

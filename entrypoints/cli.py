@@ -52,7 +52,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     import json
 
     from pcl.config import ConfigError
-    from pcl.export import export_policy
+    from pcl.models.export import export_policy
 
     try:
         out = export_policy(args.source, args.out)
@@ -81,7 +81,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from pcl.config import ConfigError, load_config
-    from pcl.plan import PlanError, plan_run
+    from pcl.tools.plan import PlanError, plan_run
 
     files, overrides = _config_files(args)
     flags = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu_memory_gb": args.gpu_memory,
@@ -96,7 +96,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_summary(args: argparse.Namespace) -> int:
-    from pcl.runlog import summary_report
+    from pcl.loop.runlog import summary_report
 
     try:
         print(summary_report(args.run_dirs))
@@ -130,7 +130,7 @@ def _cmd_control(args: argparse.Namespace) -> int:
     url = args.redis_url or cfg.redis.url or os.environ.get("REDIS_URL")
     if not url:
         raise ConfigError("pcl control needs --redis-url (or REDIS_URL, or redis.url in --config)")
-    from services.control_plane import serve_forever
+    from services.control.server import serve_forever
 
     return serve_forever(cfg.control, url, args.run or cfg.run.name)
 
@@ -138,7 +138,7 @@ def _cmd_control(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     import json
 
-    from services.control_plane import fetch_status, format_status
+    from services.control.server import fetch_status, format_status
 
     try:
         status = fetch_status(args.url)

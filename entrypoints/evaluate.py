@@ -5,7 +5,7 @@
 
 What it reads: model.path (a Hugging Face model directory, a checkpoint's policy/, a hub name, or 'tiny'),
 model.tokenizer, model.dtype and model.device; the `evaluation` section (suite, k, limit, temperature, top_p, top_k,
-max_new_tokens: `pcl.evaluation.eval_plan`); data.template, data.root and data.max_prompt_tokens; rollout.engine,
+max_new_tokens: `pcl.benchmarks.eval_plan`); data.template, data.root and data.max_prompt_tokens; rollout.engine,
 rollout.max_new_tokens (when evaluation.max_new_tokens is unset), rollout.gpu_memory_utilization and
 rollout.tensor_parallel_size; verifier.processes and verifier.timeout_s; run.seed.
 """
@@ -26,7 +26,7 @@ def _load_suite(cfg: Config, model: str, plan) -> tuple[dict, str | None]:
     """The benchmarks' prompt records, templated with the model's tokenizer, and the data root they came from."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from pcl import evaluation as ev
+    from pcl import benchmarks as ev
 
     key, name = ("model.tokenizer", cfg.model.tokenizer) if cfg.model.tokenizer else ("model.path", cfg.model.path)
     try:
@@ -50,10 +50,10 @@ def _load_suite(cfg: Config, model: str, plan) -> tuple[dict, str | None]:
 def run_eval(cfg: Config, out: str | None = None) -> int:
     """Evaluate cfg.model.path on the configured suite; print the table, write eval.json and eval.md to `out`
     (default evals/<model name>). Bad input is a ConfigError naming it, before any model loads where it can be."""
-    from pcl import evaluation as ev
+    from pcl import benchmarks as ev
     from pcl.engines import make_engine
     from pcl.engines.base import SamplingParams
-    from pcl.reward_pool import RewardPool
+    from pcl.reward.pool import RewardPool
 
     try:
         plan = ev.eval_plan(cfg)

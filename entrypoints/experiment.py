@@ -132,7 +132,7 @@ def finished_runs(exp: ExperimentConfig) -> int:
 
 def reference_cache(exp: ExperimentConfig, cfg, seed: int) -> Path:
     """The seed's reference pass-rate cache (computed once, kept in the runs directory)."""
-    from pcl.strategies.reference import REFERENCE_FILE, load_reference, save_reference
+    from pcl.data.reference_rates import REFERENCE_FILE, load_reference, save_reference
     from entrypoints.train import resolve_model_path
 
     path = exp.runs_path / f"{REFERENCE_FILE}@seed{seed}"
@@ -151,7 +151,7 @@ def training_prompts(cfg) -> list:
     """The training prompts exactly as `pcl train` loads them for this config."""
     from transformers import AutoTokenizer
 
-    from pcl.data import load_prompts
+    from pcl.data.prompts import load_prompts
     from entrypoints.train import resolve_model_path
 
     policy = resolve_model_path(cfg.model.path, "model.path")
@@ -164,7 +164,7 @@ def measure_reference(cfg, policy_path: str, prompts: list, n_pre: int, chunk: i
     from pcl.engines import make_engine
     from pcl.engines.base import SamplingParams
     from pcl.progress import Progress
-    from pcl.reward import math_reward
+    from pcl.reward.verdict import math_reward
 
     engine = make_engine(cfg.rollout.model_copy(update={"engine": "hf"}), policy_path, cfg.run.seed, device="cpu")
     params = SamplingParams.from_rollout_config(cfg.rollout, n=n_pre)

@@ -20,7 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
-from pcl.runlog import METRICS_FILE, read_metrics
+from pcl.loop.runlog import METRICS_FILE, read_metrics
 
 PLOTS = {  # file stem -> (y key, x key, y label, title)
     "accuracy-vs-time": ("eval_accuracy", "training_seconds", "held-out accuracy", "Held-out accuracy vs training time"),

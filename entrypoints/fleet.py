@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import ray
 
 from pcl.config import Config
-from services.rollout_client import publish_answers
+from services.streams.rollout_client import publish_answers
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from pcl.batch_size import find_knee
+from pcl.tools.batch_size import find_knee
 from pcl.config import Config, ConfigError
 
 
@@ -49,7 +49,7 @@ def measure(cfg: Config, sizes: list[int], repeats: int, log: Callable[[str], No
     import ray
 
     from pcl.progress import Progress
-    from services.rollout_client import RolloutClient
+    from services.streams.rollout_client import RolloutClient
     from services.redis_server import open_redis
     from entrypoints.train import prepare, start_ray
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pcl.runlog import METRICS_FILE, read_metrics
+from pcl.loop.runlog import METRICS_FILE, read_metrics
 
 # metrics.jsonl key -> panel title; in the order they are drawn (left to right, top to bottom)
 PANELS = {

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from pcl.config import TINY_SOURCES, Config, ConfigError, dump_config, redacted
-from pcl.runlog import METRICS_FILE, read_metrics
+from pcl.loop.runlog import METRICS_FILE, read_metrics
 
 log = logging.getLogger("pcl.train")
 
@@ -61,9 +61,9 @@ def resolve_model_path(path: str, what: str) -> str:
 
 def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     """Everything that can fail on bad input, done before Redis, Ray or any actor starts."""
-    from pcl.data import load_prompts
+    from pcl.data.prompts import load_prompts
     from pcl.strategies import check_strategy
-    from services.tracking import check_backends
+    from services.tracking.trackers import check_backends
 
     check_backends(cfg)  # a tracker named but not installed: named with its extra, before anything starts
     try:  # a strategy that does not fit the run fails here, not mid-run
@@ -73,7 +73,7 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     out = Path(run_dir or cfg.run.run_dir or f"runs/{cfg.run.name}")
     checkpoint = None
     if resume is not None:
-        from pcl import checkpoint as ckpt
+        import pcl.loop.checkpoint_store as ckpt
 
         try:
             checkpoint = ckpt.resolve(resume, out)
@@ -120,7 +120,7 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
         evals = [replace(p, id=f"eval/{p.id}") for p in evals[: cfg.data.eval_size]]
     suite = None
     if cfg.evaluation.suite and cfg.evaluation.every:
-        from pcl.evaluation import load_suite
+        from pcl.benchmarks import load_suite
 
         try:
             suite = load_suite(list(cfg.evaluation.suite), tokenizer, cfg.data.template, root=cfg.data.root,
@@ -138,19 +138,19 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
 
 
 # What a resumed run must share with the run that wrote its checkpoint; the selection settings follow the rule
-# in pcl.resume (structural ones fixed, tunable ones overridable); anything else may change on resume.
+# in pcl.loop.resume (structural ones fixed, tunable ones overridable); anything else may change on resume.
 RESUME_FIXED = ("run.name", "run.seed", "run.m", "run.n", "data.source", "data.revision", "model.path")
 
 
 def check_resumable(cfg: Config, checkpoint: Path, train: list) -> dict:
     """A ConfigError naming each difference that makes `checkpoint` meaningless for `cfg` and its training
     set `train` (the prompt count, and the data fingerprint of ids, questions and answers in order), or a
-    selection setting the checkpoint cannot take (`pcl.resume`). Prints where each selection setting that is
+    selection setting the checkpoint cannot take (`pcl.loop.resume`). Prints where each selection setting that is
     not simply the config's comes from, and returns the tunable ones the resumed config overrides."""
     import yaml
 
-    from pcl.fingerprint import data_fingerprint, fingerprint_differences
-    from pcl.resume import ResumePlan, resolve_selection
+    from pcl.data.fingerprint import data_fingerprint, fingerprint_differences
+    from pcl.loop.resume import ResumePlan, resolve_selection
 
     saved = yaml.safe_load((checkpoint / "config.yaml").read_text())
     now = cfg.model_dump(mode="json")
@@ -206,7 +206,7 @@ def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: 
     from tqdm import tqdm
 
     from pcl.progress import TaskProgress
-    from pcl.runlog import format_step_line, iter_metrics
+    from pcl.loop.runlog import format_step_line, iter_metrics
 
     result = None
     path = run_dir / METRICS_FILE
@@ -247,7 +247,7 @@ def recoverable(exc: BaseException) -> bool:
     import redis
 
     from actors.learner import LearnerLost
-    from services.queues import QueueUnavailable
+    from services.streams.queues import QueueUnavailable
 
     kinds = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.GetTimeoutError,
              ray.exceptions.ActorUnavailableError, LearnerLost, QueueUnavailable, TimeoutError, ConnectionError,
@@ -269,7 +269,7 @@ def _reason(exc: BaseException) -> str:
 def finish_run(run_dir: Path, summary: dict, trackers, control) -> None:
     """The end of a finished run: summary.json, the trackers' last events and summary, and the report printed
     (the same as `pcl summary RUN_DIR`)."""
-    from pcl.runlog import summarize, summary_report
+    from pcl.loop.runlog import summarize, summary_report
 
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     trackers.relay(control.store)
@@ -282,7 +282,7 @@ def finish_run(run_dir: Path, summary: dict, trackers, control) -> None:
 def announce(cfg: Config, prep: Prepared) -> None:
     """The run's opening lines; partial checkpoints of an interrupted write are removed (one driver per run dir:
     none is being written)."""
-    from pcl import checkpoint as ckpt
+    import pcl.loop.checkpoint_store as ckpt
 
     print(f"pcl: run dir {prep.run_dir}  policy {prep.policy_path}  strategy {cfg.selection.type}  "
           f"m={cfg.run.m} n={cfg.run.n}  {len(prep.train_prompts)} train / {len(prep.eval_prompts)} eval prompts",
@@ -321,7 +321,7 @@ def start_from(cfg: Config, run_dir: Path, fleet, checkpoint: Path | None) -> No
     empty logs."""
     import ray
 
-    from pcl.runlog import SELECTIONS_FILE, MetricsLog
+    from pcl.loop.runlog import SELECTIONS_FILE, MetricsLog
 
     if checkpoint is not None:
         info = ray.get(fleet.coordinator.restore.remote(str(checkpoint)), timeout=cfg.learner.timeout_s)
@@ -337,14 +337,14 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     prep = prepare(cfg, run_dir, resume)  # bad input fails here, before the heavy imports below
     import ray
 
-    from pcl import checkpoint as ckpt
-    from services.control_plane import DriverControl
+    import pcl.loop.checkpoint_store as ckpt
+    from services.control.server import DriverControl
     from entrypoints.fleet import start_fleet
-    from services.rollout_client import purge_streams
+    from services.streams.rollout_client import purge_streams
     from services.redis_server import EmbeddedRedisKeeper
 
     announce(cfg, prep)
-    from services.tracking import Trackers
+    from services.tracking.trackers import Trackers
 
     # the trackers' runs (new, or the resumed run's) open before Redis and the actors: a failure costs nothing
     trackers = Trackers.open(cfg, prep.run_dir, resume=resume is not None, checkpoint=prep.checkpoint)

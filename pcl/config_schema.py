@@ -56,7 +56,7 @@ TINY_SOURCES = ("tiny", "tiny-carry")
 class DataConfig(Section):
     source: str = Field("tiny", description="A tiny task ('tiny': sums answered alone; 'tiny-carry': sums answered "
                         "with a scratchpad, most prompts always or never solved), a known dataset (math, deepscaler, math500, aime24, aime25, amc23, "
-                        "minerva, olympiadbench, or their Hugging Face names: pcl.datasets), a local .jsonl/.json/.parquet "
+                        "minerva, olympiadbench, or their Hugging Face names: pcl.data.datasets), a local .jsonl/.json/.parquet "
                         "path, or another Hugging Face dataset name.")
     root: str | None = Field(None, description="Directory of local copies of the known datasets (math500.jsonl, ...), "
                              "read instead of the hub; PCL_DATA_ROOT when unset.")
@@ -294,7 +294,7 @@ class CheckpointConfig(Section):
 
 class EvaluationConfig(Section):
     """The paper's benchmarks evaluated through the rollout fleet during training, and by `pcl eval` (which takes
-    every setting from here: `pcl.evaluation.eval_plan`)."""
+    every setting from here: `pcl.benchmarks.eval_plan`)."""
 
     suite: list[Literal["math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench"]] = Field(
         default_factory=list, description="Benchmarks evaluated every `every` steps; empty: none (pcl eval: all six).")
@@ -324,7 +324,7 @@ Backend = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow", "trackio
 
 class LoggingConfig(Section):
     """Where each step's metrics go besides RUN_DIR/metrics.jsonl (always written): experiment trackers, for
-    comparing runs. Each tracker library is imported only when named here (`services.tracking`)."""
+    comparing runs. Each tracker library is imported only when named here (`services.tracking.trackers`)."""
 
     backends: list[Backend] = Field(default_factory=lambda: ["console", "jsonl"], description="console (a line "
                                     "per step), jsonl (always on), tensorboard, wandb, mlflow, trackio.")

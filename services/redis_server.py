@@ -13,7 +13,7 @@ loopback TCP), and on a free 127.0.0.1 port (`handle.tcp_url`) for tools. With `
 writes an append-only file synced on every write (`appendfsync always`), so a restart loses no write that
 Redis acknowledged. Its `maxmemory` is `redis.maxmemory_mb` (a quarter of the machine's memory when unset)
 with the noeviction policy: a full server refuses writes, which the workers treat as backpressure
-(services.queues), rather than growing until the kernel's OOM killer ends it. The embedded server stops on `close()`, at interpreter exit, and (Linux, when started
+(services.streams.queues), rather than growing until the kernel's OOM killer ends it. The embedded server stops on `close()`, at interpreter exit, and (Linux, when started
 from the main thread) when the process that started it dies.
 
 A configured server that does not answer raises `RedisUnavailable` naming the URL (password masked).

@@ -18,7 +18,7 @@ carried reliably across versions. After an update the prefix cache is reset: its
 computed with the old weights and would otherwise leak the previous policy into new samples.
 Quantised checkpoints that need vLLM's layer-wise reload are not supported by this route.
 
-The collective route (`rollout.weight_sync: collective`, `pcl.weight_sync`): `join_weight_group` has every
+The collective route (`rollout.weight_sync: collective`, `pcl.weight_sync.collective`): `join_weight_group` has every
 vLLM worker join one torch.distributed group with learner rank 0 (gloo on CPU, NCCL on GPU), and
 `receive_weights` has them take the tensors rank 0 broadcasts, bucket by bucket, into `model.load_weights`.
 
@@ -91,7 +91,7 @@ class WeightUpdateExtension:
     def pcl_join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str,
                               timeout_s: float) -> int:
         """Join the weight-sync group as rank `rank_offset` + this worker's rank; returns that rank."""
-        from pcl.weight_sync import WeightGroup
+        from pcl.weight_sync.collective import WeightGroup
 
         rank = rank_offset + int(getattr(self, "rank", 0))
         device = "cuda" if backend == "nccl" else "cpu"

@@ -6,7 +6,7 @@
     checkpoints.save()                               # now (the run's end)
     state = checkpoints.restore(path)                # the learner, V and the loop as the checkpoint left them
 
-A checkpoint (`pcl.checkpoint` has the layout and the atomic write) holds the learner's files (`learner.save`),
+A checkpoint (`pcl.loop.checkpoint_store` has the layout and the atomic write) holds the learner's files (`learner.save`),
 V's (`scorer.save` into `value/`), the loop's state and the run's two clocks (`state.json`), the control state
 (`control.json`), the run directory's records up to this step and the configuration. The ports write their
 own files; this module decides the rest.
@@ -20,14 +20,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from pcl import checkpoint as ckpt
+import pcl.loop.checkpoint_store as ckpt
 from pcl.config import Config, dump_config, redacted
-from pcl.evaluation import best_score
+from pcl.benchmarks import best_score
 from pcl.loop.ports import Control
 from pcl.loop.state import RunClock
 from pcl.loop.step import StepLoop
-from pcl.runlog import METRICS_FILE, SELECTIONS_FILE
-from pcl.strategies.reference import REFERENCE_FILE
+from pcl.loop.runlog import METRICS_FILE, SELECTIONS_FILE
+from pcl.data.reference_rates import REFERENCE_FILE
 
 BEST_FILE = "best.json"  # the best checkpoint by the evaluation suite's score
 RUN_FILES = (METRICS_FILE, SELECTIONS_FILE, REFERENCE_FILE)  # kept with each checkpoint, when present

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from pcl.config import Config
-from pcl.data import PromptRecord
-from pcl.evaluation import accuracy_with_se, avg_at_k, parse_k
+from pcl.data.prompts import PromptRecord
+from pcl.benchmarks import accuracy_with_se, avg_at_k, parse_k
 from pcl.loop.ports import Rollouts
 from pcl.progress import reporter
 

@@ -21,8 +21,8 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar, runtime_checkable
 
 import numpy as np
 
-from pcl.batch import Sample
-from pcl.data import PromptRecord
+from pcl.loop.batch import Sample
+from pcl.data.prompts import PromptRecord
 
 T_co = TypeVar("T_co", covariant=True)
 

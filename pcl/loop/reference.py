@@ -2,7 +2,7 @@
 
 Generated once, before the first step, from n_pre rollouts of each prompt through the `Rollouts` port, in
 chunks so the streams never hold the whole set at once; cached in `RUN_DIR/reference_pass_rates.json`
-(`pcl.strategies.reference` has the file's format). A cache already there (the experiment runner writes one)
+(`pcl.data.reference_rates` has the file's format). A cache already there (the experiment runner writes one)
 is read whatever the strategy, so every run reports the reference difficulty of the prompts it selected.
 """
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pcl.loop.ports import Prompts, Rollouts
 from pcl.progress import reporter
-from pcl.strategies.reference import REFERENCE_FILE, load_reference, pass_rates, save_reference
+from pcl.data.reference_rates import REFERENCE_FILE, load_reference, pass_rates, save_reference
 
 REFERENCE_CHUNK = 1024  # prompts per generation call of the reference pass
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pcl import checkpoint as ckpt
+import pcl.loop.checkpoint_store as ckpt
 from pcl.config import Config
 from pcl.loop.checkpoints import Checkpoints
 from pcl.loop.evaluation import Evaluation
 from pcl.loop.ports import Control
 from pcl.loop.state import RunClock
 from pcl.loop.step import StepLoop
-from pcl.runlog import SELECTIONS_FILE, MetricsLog
+from pcl.loop.runlog import SELECTIONS_FILE, MetricsLog
 
 
 class TrainingRun:

@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from pcl.data import PromptRecord
+from pcl.data.prompts import PromptRecord
 from pcl.loop.ports import Clock, Pending, Ready
 
 PROBE_WINDOW = 4  # steps whose probes V's explained variance is measured over (one step's are noisy)

@@ -28,15 +28,15 @@ from typing import Any
 
 import numpy as np
 
-from pcl.batch import group_samples, training_sequences
+from pcl.loop.batch import group_samples, training_sequences
 from pcl.config import Config
-from pcl.data import PromptRecord
+from pcl.data.prompts import PromptRecord
 from pcl.loop.ports import Clock, Learner, Prompts, Rollouts, Scorer, SystemClock
 from pcl.loop.reference import reference_pass_rates
 from pcl.loop.state import LoopState
-from pcl.resume import resume_strategy
+from pcl.loop.resume import resume_strategy
 from pcl.rl import effective_ratio, explained_variance
-from pcl.rounds import RoundLedger
+from pcl.loop.rounds import RoundLedger
 from pcl.strategies import Request, Strategy
 
 
@@ -266,7 +266,7 @@ class StepLoop:
     def load_state_dict(self, state: dict[str, Any], checkpoint: str | None = None) -> None:
         """Continue from `state_dict`'s output: the sampler's cursor, the strategy, every RNG and counter; the
         rollout fleet is given the learner's weights (restored beforehand) as the state's policy version. From a
-        `checkpoint`, this run's selection settings meet the checkpoint's by the resume rule (`pcl.resume`)."""
+        `checkpoint`, this run's selection settings meet the checkpoint's by the resume rule (`pcl.loop.resume`)."""
         self.check_state(state)
         self.prompts.load_state_dict(state["sampler"])
         if checkpoint is None:

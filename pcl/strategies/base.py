@@ -34,10 +34,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from pcl.data import PromptRecord
+from pcl.data.prompts import PromptRecord
 
-if TYPE_CHECKING:  # pcl.batch imports torch; the strategies need it only as a type
-    from pcl.batch import Sample
+if TYPE_CHECKING:  # pcl.loop.batch imports torch; the strategies need it only as a type
+    from pcl.loop.batch import Sample
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from pcl.config import GresoSelection
-from pcl.data import PromptRecord
+from pcl.data.prompts import PromptRecord
 from pcl.strategies.base import Request, RolloutFilter, Tunable
 
 P_MIN, P_MAX = 0.05, 0.95  # bounds of the adapted exploration probabilities

@@ -2,7 +2,7 @@
 reference (initial) policy lies strictly between p_low and p_high.
 
 The reference pass rates come from n_pre rollouts of every training prompt with the initial policy, made once
-before the first step and cached in the run directory (`pcl.strategies.reference`); the strategy receives
+before the first step and cached in the run directory (`pcl.data.reference_rates`); the strategy receives
 them with `load_reference`. Each step then draws candidates from the sampler's stream and keeps the admitted
 ones until it has m, so the batch is a uniform draw from the filtered set.
 """
@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from pcl.config import PrefilterSelection
-from pcl.data import PromptRecord
+from pcl.data.prompts import PromptRecord
 from pcl.strategies.base import Request, Rollout, Strategy, pool_draw
 
 MAX_DRAWS = 64  # draws of one step before giving up: the admitted set is checked to hold >= m prompts

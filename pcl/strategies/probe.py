@@ -2,7 +2,7 @@
 
 Each step draws k*m candidates and rolls each out n_probe times with the current policy to estimate its pass
 rate; the m candidates whose estimate is closest to `target_p` are then trained on with n fresh rollouts. The
-estimation rollouts are never trained on (they are `Rollout(train=False)`: see `pcl.rounds`), so the batch
+estimation rollouts are never trained on (they are `Rollout(train=False)`: see `pcl.loop.rounds`), so the batch
 is a plain GRPO batch whose prompts were chosen by (noisy) true difficulty, not by a value model. Running it
 for target_p in {0, .25, .5, .75, 1} re-runs the paper's finding that prompts of intermediate difficulty
 (p about 0.5) give the most learning per sample. It costs k*m*n_probe extra rollouts a step: an experiment,
@@ -16,8 +16,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from pcl.config import ProbeSelection
-from pcl.data import PromptRecord
-from pcl.selection import select_closest
+from pcl.data.prompts import PromptRecord
+from pcl.strategies.selection import select_closest
 from pcl.strategies.base import Request, Rollout, Strategy, Tunable
 
 

@@ -12,8 +12,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from pcl.config import PCLSelection
-from pcl.data import PromptRecord
-from pcl.selection import select_closest
+from pcl.data.prompts import PromptRecord
+from pcl.strategies.selection import select_closest
 from pcl.strategies.base import Request, Rollout, Strategy, Tunable
 
 

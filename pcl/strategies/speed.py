@@ -32,11 +32,11 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from pcl.config import SpeedSelection
-from pcl.data import PromptRecord
+from pcl.data.prompts import PromptRecord
 from pcl.strategies.base import Request, Rollout, Strategy, Tunable, zero_variance
 
 if TYPE_CHECKING:
-    from pcl.batch import Sample
+    from pcl.loop.batch import Sample
 
 
 class SpeedStrategy(Strategy):
@@ -194,7 +194,7 @@ def _prompt(d: dict[str, Any]) -> PromptRecord:
 
 
 def _sample(d: dict[str, Any]) -> Sample:
-    from pcl.batch import Sample  # imports torch: only on a resume that carries samples
+    from pcl.loop.batch import Sample  # imports torch: only on a resume that carries samples
 
     return Sample(str(d["prompt_id"]), int(d["sample_index"]), tuple(int(i) for i in d["prompt_token_ids"]),
                   tuple(int(i) for i in d["response_token_ids"]), float(d["reward"]), str(d["finish_reason"]))

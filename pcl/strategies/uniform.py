@@ -7,7 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from pcl.config import UniformSelection
-from pcl.data import PromptRecord
+from pcl.data.prompts import PromptRecord
 from pcl.strategies.base import Request, Rollout, Strategy
 
 

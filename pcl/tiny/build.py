@@ -185,7 +185,7 @@ def measure_pass_rates(model, tokenizer, rows: list[dict], samples: int, seed: i
     Batched HF generate with left padding; max_new_tokens is the batch's longest `response` + 2, and a
     response that does not end with EOS within it is truncated and scores 0 (algorithm step 5).
     """
-    from pcl.reward import math_reward
+    from pcl.reward.verdict import math_reward
 
     torch.manual_seed(seed)
     rates = []

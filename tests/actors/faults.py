@@ -10,8 +10,8 @@ import threading
 import time
 from pathlib import Path
 
-from pcl.checkpoint import COMPLETE
-from pcl.runlog import METRICS_FILE, SELECTIONS_FILE, read_metrics
+from pcl.loop.checkpoint_store import COMPLETE
+from pcl.loop.runlog import METRICS_FILE, SELECTIONS_FILE, read_metrics
 
 M, N = 8, 4
 # Small steps, quick reclaim of a dead consumer's entries, short deadlines: faults show within seconds.

@@ -100,7 +100,7 @@ def test_resume_on_a_dataset_edited_or_reordered_at_the_same_size_is_refused(tin
     """The checkpoint holds the fingerprint of the training set (ids, questions, answers, in order): one answer
     edited, or two rows swapped, at the same size, is refused by name before any actor starts; the same file
     resumes."""
-    from pcl.data import load_rows
+    from pcl.data.prompts import load_rows
     rows = load_rows("tiny", size=64)
     data, run_dir = tmp_path / "train.jsonl", tmp_path / "run"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pcl.config import load_config
-from pcl.runlog import read_metrics, summarize
+from pcl.loop.runlog import read_metrics, summarize
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.redis]
 

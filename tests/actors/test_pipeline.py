@@ -8,7 +8,7 @@ import json
 import pytest
 
 from pcl.config import load_config
-from pcl.runlog import STEP_KEYS, read_metrics
+from pcl.loop.runlog import STEP_KEYS, read_metrics
 
 pytestmark = [pytest.mark.ray, pytest.mark.redis]
 

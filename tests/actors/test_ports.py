@@ -1,4 +1,4 @@
-"""The Ray and Redis implementations of the step loop's ports (`actors/ports.py`, `services.run_control`)
+"""The Ray and Redis implementations of the step loop's ports (`actors/ports.py`, `services.control.run`)
 have every method of the port they implement, with the port's parameters: the loop's unit tests on fakes
 (`tests/pcl/loop/`) and the runs on the fleet exercise the same interface."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from actors.ports import ActorScorer, FleetLearner, SamplerPrompts, StreamRollouts
 from pcl.loop import ports
-from services.run_control import RunControl
+from services.control.run import RunControl
 
 IMPLEMENTATIONS = [(ports.Prompts, SamplerPrompts), (ports.Scorer, ActorScorer), (ports.Learner, FleetLearner),
                    (ports.Rollouts, StreamRollouts), (ports.Control, RunControl)]

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from pcl.config import load_config
-from pcl.runlog import STEP_KEYS, read_metrics
-from pcl.strategies.reference import REFERENCE_FILE
+from pcl.loop.runlog import STEP_KEYS, read_metrics
+from pcl.data.reference_rates import REFERENCE_FILE
 
 pytestmark = [pytest.mark.ray, pytest.mark.redis]
 

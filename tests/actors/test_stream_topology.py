@@ -1,4 +1,4 @@
-"""The running fleet against the declared stream topology (services/topology.py), on real parts: an embedded
+"""The running fleet against the declared stream topology (services/streams/topology.py), on real parts: an embedded
 Redis server, local Ray, the rollout worker (HF engine) and math-verify verifier actors, the coordinator's
 RolloutClient, an untrained tiny policy. After a step, Redis holds exactly the declared streams of the run, each
 with only its declared group, which has taken entries, and whose consumers are all members of the declared role."""
@@ -18,8 +18,8 @@ def test_the_fleet_uses_exactly_the_declared_streams_groups_and_consumer_roles(u
     from entrypoints.probe_batch import start_generation_fleet
     from entrypoints.train import prepare, start_ray
     from services.redis_server import start_embedded
-    from services.rollout_client import RolloutClient
-    from services.topology import STREAMS, stream_key
+    from services.streams.rollout_client import RolloutClient
+    from services.streams.topology import STREAMS, stream_key
 
     run = "topology"
     cfg = load_config("configs/tiny.yaml", [

@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from pcl.config import load_config
-from pcl.runlog import read_metrics
-from services.tracking import TRACKERS_FILE, tracker_metrics
+from pcl.loop.runlog import read_metrics
+from services.tracking.trackers import TRACKERS_FILE, tracker_metrics
 from tests.services import tracker_readers as read
 
 # Two training runs (about 2 minutes on an idle 2-core machine, 5 under load): the default suite has the same

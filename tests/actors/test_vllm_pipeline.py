@@ -17,7 +17,7 @@ import signal
 import pytest
 
 from pcl.config import load_config
-from pcl.runlog import read_metrics
+from pcl.loop.runlog import read_metrics
 from tests.actors.faults import (FAST, M, N, TrainingThread, actor_pids, assert_each_step_once_and_exact_batches,
                                  steps_logged, wait_until)
 

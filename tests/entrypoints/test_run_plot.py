@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pcl.runlog import summary_report
+from pcl.loop.runlog import summary_report
 from entrypoints.cli import main
 from entrypoints.run_plot import PANELS, plot_runs
 

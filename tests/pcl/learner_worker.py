@@ -2,7 +2,7 @@
 
     out = run_ranks(world_size=2, model_dir=..., out_dir=..., scenarios=["mbs1", "mbs4"])
 
-spawns `world_size` processes (multiprocessing spawn), each builds `pcl.learner.PolicyLearner`s and runs
+spawns `world_size` processes (multiprocessing spawn), each builds `pcl.models.learner.PolicyLearner`s and runs
 the named scenarios in order; rank 0 saves the gathered weights of each scenario as `<name>.pt` and every
 rank saves its `train_step` stats as `<name>.rank<r>.json` under out_dir.
 """
@@ -71,7 +71,7 @@ def free_port() -> int:
 def _learner(model_dir: str, rank: int, world_size: int, device: str, micro_batch_size: int = 2,
              grad_clip: float | None = None, reshard_after_forward: bool = True):
     from pcl.config import OptimizerConfig
-    from pcl.learner import PolicyLearner
+    from pcl.models.learner import PolicyLearner
 
     cfg = OptimizerConfig(grad_clip=grad_clip, **OPTIMIZER)
     return PolicyLearner(model_dir, cfg, micro_batch_size=micro_batch_size, device=device, dtype="float32",
@@ -178,7 +178,7 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_dir: s
                backend: str, device: str) -> None:
     import torch.distributed as dist
 
-    from pcl.learner import init_process_group
+    from pcl.models.learner import init_process_group
 
     torch.set_num_threads(1)
     init_process_group(backend, f"tcp://127.0.0.1:{port}", rank, world_size, timeout_s=120)

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from pcl.batch import Sample, group_samples, shard_sequences, training_sequences
-from pcl.runlog import MetricsLog, format_step_line, read_metrics
+from pcl.loop.batch import Sample, group_samples, shard_sequences, training_sequences
+from pcl.loop.runlog import MetricsLog, format_step_line, read_metrics
 
 
 def sample(pid: str, j: int, reward: float, resp=(5, 6)) -> Sample:
@@ -65,7 +65,7 @@ def test_metrics_log_is_strict_json_and_survives_a_torn_line(tmp_path):
 
 
 def test_summary_of_a_run():
-    from pcl.runlog import summarize
+    from pcl.loop.runlog import summarize
 
     records = [{"step": 0, "eval_accuracy": 0.2}]
     records += [{"step": s, "effective_ratio": 0.5, "step_seconds": 2.0, "generation_seconds": 1.0,
@@ -80,7 +80,7 @@ def test_summary_of_a_run():
 
 
 def test_summary_carries_the_held_out_standard_errors():
-    from pcl.runlog import format_step_line, summarize
+    from pcl.loop.runlog import format_step_line, summarize
 
     records = [{"step": 0, "eval_accuracy": 0.2, "eval_accuracy_se": 0.03},
                {"step": 1, "effective_ratio": 0.5, "step_seconds": 1.0, "eval_accuracy": 0.35, "eval_accuracy_se": 0.04}]
@@ -93,7 +93,7 @@ def test_summary_carries_the_held_out_standard_errors():
 
 
 def test_summary_report_prints_the_standard_errors(tmp_path):
-    from pcl.runlog import MetricsLog, summary_report
+    from pcl.loop.runlog import MetricsLog, summary_report
 
     log = MetricsLog(tmp_path)
     log.append({"step": 0, "eval_accuracy": 0.2, "eval_accuracy_se": 0.03})

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from pcl.batch_size import find_knee, growth_exponents
+from pcl.tools.batch_size import find_knee, growth_exponents
 
 
 def test_knee_of_a_flat_then_linear_curve():

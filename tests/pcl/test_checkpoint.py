@@ -1,4 +1,4 @@
-"""pcl.checkpoint: atomic commit, crash leftovers, newest-complete lookup, pruning, --resume resolution."""
+"""pcl.loop.checkpoint_store: atomic commit, crash leftovers, newest-complete lookup, pruning, --resume resolution."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from pcl import checkpoint as ckpt
+import pcl.loop.checkpoint_store as ckpt
 
 
 def write(root, step, complete=True):

@@ -12,8 +12,8 @@ from tokenizers import Tokenizer, models, processors
 from transformers import PreTrainedTokenizerFast
 
 from pcl.config import DataConfig
-from pcl.data import build_prompts, load_prompts, load_rows
-from pcl.templates import QWEN_BASE_INSTRUCTION, apply_template
+from pcl.data.prompts import build_prompts, load_prompts, load_rows
+from pcl.data.templates import QWEN_BASE_INSTRUCTION, apply_template
 
 MATH = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "math"
 CHAT_TEMPLATE = (
@@ -51,7 +51,7 @@ def char_tokenizer(chat_template: str | None = None) -> PreTrainedTokenizerFast:
 
 
 def test_math_train_skips_null_and_empty_answers_with_one_warning(math_dir, caplog):
-    with caplog.at_level(logging.WARNING, logger="pcl.data"):
+    with caplog.at_level(logging.WARNING, logger="pcl.data.prompts"):
         records, report = load_prompts(DataConfig(source=str(math_dir / "math_train.jsonl")))
     assert (report.total, report.kept, report.skipped_empty_answer) == (7474, 7470, 4)
     assert report.skipped == 4 and len(records) == 7470
@@ -142,7 +142,7 @@ def test_hostile_jsonl_is_skipped_and_counted(tmp_path, caplog):
     path = tmp_path / "hostile.jsonl"
     path.write_bytes(b"\n".join(lines) + b"\n")
     cfg = DataConfig(source=str(path), id_field="id", template="plain", max_prompt_tokens=1024)
-    with caplog.at_level(logging.WARNING, logger="pcl.data"):
+    with caplog.at_level(logging.WARNING, logger="pcl.data.prompts"):
         records, report = load_prompts(cfg, char_tokenizer())
     assert [r.id for r in records] == ["a", "h", "j"]
     assert records[2].answer == ["7"] and records[0].prompt_token_ids == (1, 4 + ord("1") - 32, 4 + ord("+") - 32, 4 + ord("1") - 32)

@@ -1,4 +1,4 @@
-"""Datasets by name (pcl.datasets): short and Hugging Face names, local copies under the data root with their
+"""Datasets by name (pcl.data.datasets): short and Hugging Face names, local copies under the data root with their
 own field mapping, answers taken from a solution's last \\boxed{}, and a clear error when neither a local copy
 nor the hub can be had."""
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pcl.config import ConfigError, DataConfig
-from pcl.data import load_prompts
-from pcl.datasets import KNOWN, Fields, lookup, read_known
+from pcl.data.prompts import load_prompts
+from pcl.data.datasets import KNOWN, Fields, lookup, read_known
 
 MATH = Path(__file__).resolve().parents[3] / "shared" / "data" / "math"
 
@@ -39,7 +39,7 @@ def test_a_solution_field_yields_its_last_boxed_answer(tmp_path):
     known = KNOWN["math"]
     # The hub's mapping of MATH-lighteval: the answer is inside the solution.
     assert known.hub_fields.answer_in_solution and not known.file_fields.answer_in_solution
-    from pcl.datasets import _with_boxed_answer
+    from pcl.data.datasets import _with_boxed_answer
 
     assert _with_boxed_answer(row, "solution")["solution"] == r"\frac{4}{2}"
     assert _with_boxed_answer({"problem": "x", "solution": None}, "solution")["solution"] is None

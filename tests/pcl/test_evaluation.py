@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pcl import evaluation as ev
+from pcl import benchmarks as ev
 from pcl.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,8 +97,8 @@ class ScriptedEngine:
 
 def test_evaluate_scores_with_math_verify_and_zeroes_truncated_responses():
     sampling = ev.eval_plan(load_config(None)).sampling  # the paper's: temperature 0.6, top_p 0.95, top_k 20
-    from pcl.data import PromptRecord
-    from pcl.reward_pool import RewardPool
+    from pcl.data.prompts import PromptRecord
+    from pcl.reward.pool import RewardPool
 
     golds = ["5", "\\frac{1}{2}", "7", "3"]
     records = [PromptRecord(f"aime24/{i}", "q", gold, "q", (i,)) for i, gold in enumerate(golds)]
@@ -168,7 +168,7 @@ def test_pcl_eval_names_bad_input(tmp_path):
 def test_accuracy_with_se_is_the_sampling_error_on_the_prompts():
     import numpy as np
 
-    from pcl.evaluation import accuracy_with_se
+    from pcl.benchmarks import accuracy_with_se
 
     accuracy, se = accuracy_with_se([[1, 1], [0, 0], [1, 0], [0, 1]])
     # prompts 3 and 4: variance 0.5 over 2 samples each; prompts 1 and 2 add nothing

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pcl import checkpoint as ckpt
-from pcl.export import export_policy
+import pcl.loop.checkpoint_store as ckpt
+from pcl.models.export import export_policy
 
 REPO = Path(__file__).resolve().parents[2]
 

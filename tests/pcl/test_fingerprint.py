@@ -1,12 +1,12 @@
-"""The training set's fingerprint (pcl.fingerprint): the same records give the same one; an edited answer, an
+"""The training set's fingerprint (pcl.data.fingerprint): the same records give the same one; an edited answer, an
 edited question, a reordering, a renamed id or another count are each named."""
 
 from __future__ import annotations
 
 import json
 
-from pcl.data import PromptRecord
-from pcl.fingerprint import data_fingerprint, fingerprint_differences
+from pcl.data.prompts import PromptRecord
+from pcl.data.fingerprint import data_fingerprint, fingerprint_differences
 
 
 def records(n: int = 6) -> list[PromptRecord]:

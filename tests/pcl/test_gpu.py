@@ -9,7 +9,7 @@ import torch
 
 from pcl.engines.base import SamplingParams
 from pcl.engines.hf import HFEngine
-from pcl.value import ValueModel, ValueTrainer
+from pcl.models.value import ValueModel, ValueTrainer
 
 pytestmark = pytest.mark.gpu
 

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from pcl.learner import PolicyLearner, check_sequences, collate_micro_batch, resolve_backend
+from pcl.models.learner import PolicyLearner, check_sequences, collate_micro_batch, resolve_backend
 from tests.pcl import learner_worker as worker
 
 ATOL = 1e-5

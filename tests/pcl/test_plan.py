@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pcl.config import load_config
-from pcl.plan import GB, KNOWN_MODELS, PlanError, model_shape, plan_run
+from pcl.tools.plan import GB, KNOWN_MODELS, PlanError, model_shape, plan_run
 
 REPO = Path(__file__).resolve().parents[2]
 PRESETS = sorted((REPO / "configs" / "presets").glob("*.yaml"))
@@ -38,7 +38,7 @@ def test_built_in_shapes_give_the_model_cards_parameter_counts(name, total, non_
 def test_a_local_config_json_gives_the_models_exact_parameter_count(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from pcl.value import ValueModel
+    from pcl.models.value import ValueModel
 
     shape = model_shape(str(tiny_model_dir))
     assert shape.source.endswith("config.json")

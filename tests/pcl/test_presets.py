@@ -52,7 +52,7 @@ def test_preset_has_the_papers_settings(path):
 
 def test_best_by_must_name_average_or_a_benchmark_of_the_suite(tmp_path):
     from pcl.config import ConfigError
-    from pcl.evaluation import best_score
+    from pcl.benchmarks import best_score
 
     preset = REPO / "configs" / "presets" / "qwen3-1.7b-base-math.yaml"
     with pytest.raises(ConfigError, match="best_by"):

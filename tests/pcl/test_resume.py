@@ -1,4 +1,4 @@
-"""The resume precedence rule of pcl.resume, on plain config sections and strategy states: a tunable setting
+"""The resume precedence rule of pcl.loop.resume, on plain config sections and strategy states: a tunable setting
 given with --resume overrides the checkpoint's state (and says so), a structural one that differs is refused
 naming it, and nothing is dropped silently."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from pcl.config import DynamicSamplingSelection, GresoSelection, PCLSelection, ProbeSelection, dump_config, Config
-from pcl.resume import resolve_selection, resume_strategy, saved_selection
+from pcl.loop.resume import resolve_selection, resume_strategy, saved_selection
 from pcl.strategies import make_strategy
 
 SAVED = PCLSelection(tau=0.5, k=2).model_dump(mode="json")

@@ -14,23 +14,23 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import pcl.reward
+import pcl.reward.verdict
 from bench.reward_agreement import (
     CONSTANT_WRONG, load_golds, math_verify_verdict, multi_answer_golds, response_with, several_answer_pairs,
     wrong_answer,
 )
-from pcl.reward import (
+from pcl.reward.verdict import (
     _parse_gold, _several_answers, last_boxed, math_reward, normalize_gold, numbers_match, numbers_verdict,
     plain_number, score_answer,
 )
-from pcl.reward_pool import RewardPool
+from pcl.reward.pool import RewardPool
 
 DATA_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "math"
 TIMEOUT_S = 1.0
 
 
 def test_doctests_pass():
-    assert doctest.testmod(pcl.reward).failed == 0
+    assert doctest.testmod(pcl.reward.verdict).failed == 0
 
 
 @pytest.mark.parametrize(

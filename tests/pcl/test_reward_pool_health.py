@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pcl.reward_pool import RewardPool, math_score
+from pcl.reward.pool import RewardPool, math_score
 
 _SICK = False  # per worker process: set once the worker has "leaked"
 HALF = r"so \boxed{\frac{1}{2}}"  # not a plain number: scored by math-verify in a worker

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcl.sampler import PromptSampler
+from pcl.data.sampler import PromptSampler
 
 
 def test_pinned_orders():

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcl.selection import select_closest
+from pcl.strategies.selection import select_closest
 
 torch.set_num_threads(1)
 

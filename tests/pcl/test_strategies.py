@@ -9,16 +9,16 @@ import json
 import numpy as np
 import pytest
 
-from pcl.batch import Sample, group_samples
+from pcl.loop.batch import Sample, group_samples
 from pcl.config import (DynamicSamplingSelection, GresoSelection, PCLSelection, PrefilterSelection, ProbeSelection,
                         SpeedSelection, UniformSelection)
-from pcl.data import PromptRecord
-from pcl.rounds import ESTIMATE_BASE, RoundLedger
-from pcl.sampler import PromptSampler
+from pcl.data.prompts import PromptRecord
+from pcl.loop.rounds import ESTIMATE_BASE, RoundLedger
+from pcl.data.sampler import PromptSampler
 from pcl.strategies import (STRATEGIES, DynamicSamplingStrategy, GresoStrategy, PCLStrategy, PrefilterStrategy,
                             ProbeStrategy, SpeedStrategy, UniformStrategy, check_strategy, make_strategy,
                             strategy_class)
-from pcl.strategies.reference import fingerprint, load_reference, pass_rates, save_reference
+from pcl.data.reference_rates import fingerprint, load_reference, pass_rates, save_reference
 
 
 def prompts(count: int) -> list[PromptRecord]:

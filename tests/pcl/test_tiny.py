@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pcl.reward import math_reward
+from pcl.reward.verdict import math_reward
 from pcl.tiny import build
 from pcl.tiny.build import MARKER, build_tiny, summarize, tiny_dir
 from pcl.tiny.task import LEVELS, format_prompt, make_dataset, split_of
@@ -253,7 +253,7 @@ def test_carry_solution_writes_each_column_then_the_sum():
 
 
 def test_carry_dataset_levels_splits_and_reward():
-    from pcl.reward import math_reward
+    from pcl.reward.verdict import math_reward
     from pcl.tiny import carry
 
     rows = carry.make_dataset(600, seed=0, split="train")

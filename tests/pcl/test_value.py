@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from pcl.value import HEAD_FILE, ValueModel, ValueTrainer
+from pcl.models.value import HEAD_FILE, ValueModel, ValueTrainer
 
 PROMPTS = [[4, 5, 6], [7, 8, 9, 10, 11, 12, 13], [5], [6, 6, 6, 6, 6], [20, 21, 22], [9, 9]]
 TARGETS = [0.1, 0.9, 0.5, 0.0, 1.0, 0.25]
@@ -246,7 +246,7 @@ def test_auto_scores_with_the_float32_weights_on_cpu(value_model):
 
 
 def test_the_scoring_copy_shares_no_memory_with_the_trained_weights(value_model):
-    from pcl.value import score_copy
+    from pcl.models.value import score_copy
 
     for dtype in (torch.bfloat16, torch.float32):
         duplicate = score_copy(value_model, dtype)

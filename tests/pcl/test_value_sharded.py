@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from pcl.value import ValueTrainer
+from pcl.models.value import ValueTrainer
 from tests.pcl import value_worker as worker
 
 ATOL = 1e-5

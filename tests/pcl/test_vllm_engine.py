@@ -194,7 +194,7 @@ def free_port() -> int:
 def test_collective_route_broadcasts_the_weights_into_vllm(engine, checkpoint, prompts, original_weights):
     """Learner rank 0 (here a thread of the test process) and the vLLM worker form one gloo group; after the
     bucketed broadcast vLLM samples exactly what the sent weights give (its weights equal the sent ones)."""
-    from pcl.weight_sync import WeightGroup
+    from pcl.weight_sync.collective import WeightGroup
 
     state = eos_rigged(checkpoint[1].state_dict())
     port, sender = free_port(), {}
@@ -218,7 +218,7 @@ def test_collective_route_broadcasts_the_weights_into_vllm(engine, checkpoint, p
 
 
 def test_a_weight_group_that_cannot_form_times_out_naming_the_address(engine):
-    from pcl.weight_sync import WeightSyncError
+    from pcl.weight_sync.collective import WeightSyncError
 
     port = free_port()  # nobody listens there
     start = time.monotonic()

@@ -1,4 +1,4 @@
-"""The weight-sync group (`pcl.weight_sync`) on real torch.distributed gloo groups over 127.0.0.1: members are
+"""The weight-sync group (`pcl.weight_sync.collective`) on real torch.distributed gloo groups over 127.0.0.1: members are
 threads of the test process, each with its own store client and process group."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from pcl.weight_sync import WeightGroup, WeightSyncError, plan_buckets, tensor_specs
+from pcl.weight_sync.collective import WeightGroup, WeightSyncError, plan_buckets, tensor_specs
 
 
 def free_port() -> int:

@@ -2,7 +2,7 @@
 
     out = run_ranks(world_size=2, model_dir=..., out_dir=...)
 
-spawns `world_size` processes, each builds a `pcl.value_sharded.ShardedValueTrainer` on the tiny model and
+spawns `world_size` processes, each builds a `pcl.models.value_sharded.ShardedValueTrainer` on the tiny model and
 runs the scenarios below; rank 0 writes what the test compares (`<name>.pt`), every rank its stats
 (`<name>.rank<r>.json`).
 """
@@ -30,7 +30,7 @@ STEPS = [(PROMPTS, TARGETS, {1: [(0, 7)], 2: [(0, 5), (5, 7)]}),
 
 def randomised_model(model_dir: str):
     """The tiny V with a seeded non-zero head (a zero head gives the backbone no gradient)."""
-    from pcl.value import ValueModel
+    from pcl.models.value import ValueModel
 
     model = ValueModel.from_pretrained(model_dir, dtype="float32", device="cpu")
     generator = torch.Generator().manual_seed(0)
@@ -41,7 +41,7 @@ def randomised_model(model_dir: str):
 
 
 def _trainer(model_dir: str, rank: int, world_size: int):
-    from pcl.value_sharded import ShardedValueTrainer
+    from pcl.models.value_sharded import ShardedValueTrainer
 
     return ShardedValueTrainer(randomised_model(model_dir), device="cpu", rank=rank, world_size=world_size,
                                score_dtype="float32", grad_clip=GRAD_CLIP, batch_size=BATCH_SIZE, **ADAM)
@@ -92,7 +92,7 @@ def _run(model_dir: str, out: Path, rank: int, world_size: int) -> None:
 def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_dir: str) -> None:
     import torch.distributed as dist
 
-    from pcl.learner import init_process_group
+    from pcl.models.learner import init_process_group
 
     torch.set_num_threads(1)
     init_process_group("gloo", f"tcp://127.0.0.1:{port}", rank, world_size, timeout_s=120)

@@ -8,10 +8,10 @@ import httpx
 import pytest
 
 from pcl.strategies import PCLStrategy
-from services.control_api import ControlServer, create_app
-from services.control_state import ControlStore
+from services.control.api import ControlServer, create_app
+from services.control.state import ControlStore
 from services.redis_server import make_client
-from services.run_control import RunControl
+from services.control.run import RunControl
 
 TOKEN = "s3cret-test-token-0123456789abcdef"  # 32+ characters, as the control plane requires
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

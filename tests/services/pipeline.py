@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import redis
 
-from services.payloads import RewardNote, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
-from services.collector import StepCollector
-from services.queues import WorkQueue
-from services.topology import STREAMS, open_queue
+from services.streams.payloads import RewardNote, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
+from services.streams.collector import StepCollector
+from services.streams.queues import WorkQueue
+from services.streams.topology import STREAMS, open_queue
 
 
 def make_requests(run: str, step: int, m: int, n: int, prompt_tokens: int = 12) -> list[RolloutRequest]:
@@ -42,7 +42,7 @@ def verify_entry(delivery) -> list[RewardNote]:
 
 @dataclass
 class Streams:
-    """The queues of a run (services.topology.STREAMS) as seen by one consumer name."""
+    """The queues of a run (services.streams.topology.STREAMS) as seen by one consumer name."""
 
     requests: WorkQueue
     results: WorkQueue

@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from services.topology import open_queue
+from services.streams.topology import open_queue
 from services.redis_server import make_client
 from tests.services.pipeline import verify_entry
 

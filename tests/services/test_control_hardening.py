@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from pcl.config import ControlConfig
-from services.control_api import ControlServer, create_app
-from services.control_state import ControlStore
+from services.control.api import ControlServer, create_app
+from services.control.state import ControlStore
 from tests.services.control_fixtures import AUTH, TOKEN, api, running, server, store  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.redis

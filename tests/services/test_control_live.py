@@ -22,7 +22,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pcl.runlog import read_metrics
+from pcl.loop.runlog import read_metrics
 
 pytestmark = [pytest.mark.ray, pytest.mark.redis]
 REPO = Path(__file__).resolve().parents[2]

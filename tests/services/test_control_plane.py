@@ -1,4 +1,4 @@
-"""Starting the control plane as `pcl train` does (services.control_plane.DriverControl), on a real Redis:
+"""Starting the control plane as `pcl train` does (services.control.server.DriverControl), on a real Redis:
 the token rules, where it binds, what a fresh and a resumed run keep, and a taken port as a clear error."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from pcl.config import ConfigError, load_config
-from services.control_plane import DriverControl
-from services.run_control import RunControl
+from services.control.server import DriverControl
+from services.control.run import RunControl
 from tests.services.control_fixtures import step_record, store  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.redis

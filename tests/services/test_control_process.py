@@ -16,7 +16,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from services.topology import stream_key
+from services.streams.topology import stream_key
 from services.redis_server import make_client
 from tests.services.control_fixtures import AUTH, TOKEN
 

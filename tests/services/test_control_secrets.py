@@ -1,4 +1,4 @@
-"""Secrets where the driver starts the control plane (services.control_plane.DriverControl), on real Redis
+"""Secrets where the driver starts the control plane (services.control.server.DriverControl), on real Redis
 servers: a weak PCL_API_TOKEN is refused by name, and a Redis password given as `?password=` or in the user
 part never reaches RUN_DIR/control.json."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from pcl.config import ConfigError, load_config
-from services.control_plane import DriverControl
+from services.control.server import DriverControl
 
 pytestmark = pytest.mark.redis
 

@@ -10,12 +10,12 @@ import time
 import pytest
 
 from pcl.strategies import PCLStrategy, UniformStrategy
-from services.control_state import ControlConflict, ControlStore, ControlValueError
-from services.metrics import bucket_field
-from services.payloads import RolloutRequest, SamplingParams, pack_tokens
-from services.topology import open_queue, stream_key
+from services.control.state import ControlConflict, ControlStore, ControlValueError
+from services.control.metrics import bucket_field
+from services.streams.payloads import RolloutRequest, SamplingParams, pack_tokens
+from services.streams.topology import open_queue, stream_key
 from services.redis_server import make_client
-from services.run_control import RunControl
+from services.control.run import RunControl
 from tests.services.control_fixtures import step_record, store  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.redis

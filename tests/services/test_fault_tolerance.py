@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from services.collector import StepCollector
+from services.streams.collector import StepCollector
 from services.redis_server import make_client, start_embedded
 from tests.services.pipeline import Streams, make_requests, run_step, verify_entry
 

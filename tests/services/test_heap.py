@@ -1,4 +1,4 @@
-"""The heap settings of processes that move stream entries (services/heap.py), observed through glibc's own
+"""The heap settings of processes that move stream entries (services/streams/heap.py), observed through glibc's own
 counters in a fresh process each: entry-sized blocks come from the heap, and freed heap stays for reuse."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 # the number of blocks served by mmap, arena the bytes of heap the process holds.
 PROBE = """
 import ctypes, json
-from services.heap import keep_freed_heap
+from services.streams.heap import keep_freed_heap
 class MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
                 "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.metrics import METRICS
+from services.control.metrics import METRICS
 from tests.services.control_fixtures import api, running, server, step_record, store  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.redis

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.payloads import (
+from services.streams.payloads import (
     PayloadError, RecordKey, RewardNote, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, decode, decode_entry,
     encode, encode_entry, pack_tokens, unpack_tokens,
 )

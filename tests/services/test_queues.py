@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from services.payloads import RewardNote, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
-from services.collector import StepCollector
-from services.queues import QueueUnavailable, WorkQueue
+from services.streams.payloads import RewardNote, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
+from services.streams.collector import StepCollector
+from services.streams.queues import QueueUnavailable, WorkQueue
 from services.redis_server import start_embedded
 
 

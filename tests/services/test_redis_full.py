@@ -19,13 +19,13 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pcl.engines.hf import HFEngine
-from services.payloads import RolloutRequest, SamplingParams, pack_tokens
-from services.control_state import ControlStore
-from services.metrics import metrics_registry
-from services.queues import QueueUnavailable, RedisFull
-from services.topology import open_queue
+from services.streams.payloads import RolloutRequest, SamplingParams, pack_tokens
+from services.control.state import ControlStore
+from services.control.metrics import metrics_registry
+from services.streams.queues import QueueUnavailable, RedisFull
+from services.streams.topology import open_queue
 from services.redis_server import default_maxmemory, make_client, start_embedded
-from services.workers import RolloutService, serve_forever
+from services.streams.workers import RolloutService, serve_forever
 
 pytestmark = pytest.mark.redis
 FILLER = "filler"

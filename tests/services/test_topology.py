@@ -1,4 +1,4 @@
-"""The stream topology declared in services/topology.py: the declaration itself, the queues opened from it,
+"""The stream topology declared in services/streams/topology.py: the declaration itself, the queues opened from it,
 the source (no queue of a run opened any other way) and the table of docs/queues.md.
 
 That the running fleet uses exactly the declared streams, groups and consumer roles is checked end to end in
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pcl.config import RedisConfig
-from services.queues import DEAD_LETTER_MAX_BYTES
-from services.topology import (
+from services.streams.queues import DEAD_LETTER_MAX_BYTES
+from services.streams.topology import (
     ROLES, STREAM_GROUPS, STREAMS, TOPOLOGY, Stream, open_queue, open_role, stream_key, streams_of, topology_table,
 )
 
@@ -84,7 +84,7 @@ def test_a_new_stream_is_one_declaration():
 
 def test_docs_show_the_declared_topology():
     docs = (ROOT / "docs" / "queues.md").read_text()
-    assert topology_table() in docs, "docs/queues.md: paste services.topology.topology_table() into 'Topology'"
+    assert topology_table() in docs, "docs/queues.md: paste services.streams.topology.topology_table() into 'Topology'"
 
 
 def _calls(path: Path):
@@ -103,7 +103,7 @@ def test_every_queue_of_a_run_is_opened_from_the_declaration():
         for call, name in _calls(path):
             where = f"{path.relative_to(ROOT)}:{call.lineno}"
             if name == "WorkQueue":
-                assert path == ROOT / "services" / "topology.py", f"{where}: open the queue with services.topology"
+                assert path == ROOT / "services" / "topology.py", f"{where}: open the queue with services.streams.topology"
             position = {"open_queue": 2, "stream_key": 1}.get(name)
             stream = call.args[position] if position is not None and len(call.args) > position else None
             if isinstance(stream, ast.Constant):

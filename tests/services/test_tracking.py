@@ -1,4 +1,4 @@
-"""services.tracking against the real tracker libraries, each offline and local (wandb offline mode, MLflow's
+"""services.tracking.trackers against the real tracker libraries, each offline and local (wandb offline mode, MLflow's
 sqlite store in the run directory, TensorBoard event files, trackio's local database): the keys, steps and
 values of a short run read back with each library's own reader, a resumed run appended to the same tracker run
 with no step written twice, the config, a retune and the summary. The full `pcl train` path is in
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from pcl.config import ConfigError, load_config
-from services import tracking
-from services.tracking import Trackers, check_backends, flat_config, tracker_metrics
+from services.tracking.trackers import trackers as tracking
+from services.tracking.trackers import Trackers, check_backends, flat_config, tracker_metrics
 from tests.services import tracker_readers as read
 from tests.services.control_fixtures import store  # noqa: F401 - a fixture
 
@@ -210,9 +210,9 @@ def test_each_library_is_imported_only_when_named(tmp_path):
 
     code = f"""
 import sys
-import entrypoints.train, services.tracking, entrypoints.cli
+import entrypoints.train, services.tracking.trackers, entrypoints.cli
 from pcl.config import load_config
-from services.tracking import Trackers
+from services.tracking.trackers import Trackers
 libraries = ("tensorboard", "wandb", "mlflow", "trackio")
 before = [m for m in libraries if m in sys.modules]
 Trackers.open(load_config({TINY!r}, ["logging.backends=[tensorboard]"]), {str(tmp_path)!r}).close()

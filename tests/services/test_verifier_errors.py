@@ -17,13 +17,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client import generate_latest
 
 from pcl.config import load_config
-from pcl.data import PromptRecord
-from pcl.reward_pool import RewardPool, math_score
-from services.rollout_client import RolloutClient
-from services.metrics import metrics_registry
-from services.topology import open_role
-from services.run_control import RunControl
-from services.workers import VerifierService, serve_forever
+from pcl.data.prompts import PromptRecord
+from pcl.reward.pool import RewardPool, math_score
+from services.streams.rollout_client import RolloutClient
+from services.control.metrics import metrics_registry
+from services.streams.topology import open_role
+from services.control.run import RunControl
+from services.streams.workers import VerifierService, serve_forever
 from tests.services.control_fixtures import step_record, store  # noqa: F401 - fixture
 from tests.services.pipeline import Streams
 

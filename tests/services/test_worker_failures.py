@@ -14,11 +14,11 @@ import time
 import pytest
 
 from pcl.engines.hf import HFEngine
-from services.backoff import Backoff
-from services.payloads import RolloutRequest, SamplingParams, pack_tokens
-from services.queues import WorkQueue
-from services.topology import open_queue
-from services.workers import RolloutService, serve_forever
+from services.streams.backoff import Backoff
+from services.streams.payloads import RolloutRequest, SamplingParams, pack_tokens
+from services.streams.queues import WorkQueue
+from services.streams.topology import open_queue
+from services.streams.workers import RolloutService, serve_forever
 
 VISIBILITY_S = 5.0
 
@@ -116,7 +116,7 @@ def run_loop(service, seconds: float, **options) -> None:
 
 def test_a_failing_loop_backs_off_exponentially_and_logs_one_traceback(caplog):
     service = AlwaysFailing()
-    with caplog.at_level(logging.INFO, logger="services.workers"):
+    with caplog.at_level(logging.INFO, logger="services.streams.workers"):
         run_loop(service, 3.3)
     gaps = [b - a for a, b in zip(service.calls, service.calls[1:])]
     assert len(gaps) >= 4, gaps
@@ -131,7 +131,7 @@ def test_a_failing_loop_backs_off_exponentially_and_logs_one_traceback(caplog):
 
 def test_backoff_is_capped_and_starts_again_after_a_success(caplog):
     service = AlwaysFailing(fail_for=6)
-    with caplog.at_level(logging.INFO, logger="services.workers"):
+    with caplog.at_level(logging.INFO, logger="services.streams.workers"):
         run_loop(service, 2.5, backoff=Backoff(base_s=0.05, cap_s=0.4), log_every_s=0.5)
     gaps = [b - a for a, b in zip(service.calls, service.calls[1:])]
     assert len(gaps) >= 8, gaps

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from pcl.engines.hf import HFEngine
-from pcl.reward_pool import RewardPool
-from services.payloads import RewardRecord, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
-from services.collector import StepCollector
-from services.topology import open_queue
-from services.workers import RolloutService, VerifierService
+from pcl.reward.pool import RewardPool
+from services.streams.payloads import RewardRecord, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
+from services.streams.collector import StepCollector
+from services.streams.topology import open_queue
+from services.streams.workers import RolloutService, VerifierService
 
 pytestmark = pytest.mark.redis
 

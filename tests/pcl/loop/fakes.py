@@ -14,9 +14,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pcl.batch import Sample
+from pcl.loop.batch import Sample
 from pcl.config import Config, validate_tree
-from pcl.data import PromptRecord
+from pcl.data.prompts import PromptRecord
 from pcl.loop.ports import Ready
 
 SECONDS_PER_SAMPLE = 0.01
@@ -159,7 +159,7 @@ class FakeLearner:
 
 class FakeControl:
     """Scripted step boundaries: `plan[step]` may hold {"pause": seconds, "tau": .., "k": .., "checkpoint": id,
-    "checkpoint_in_pause": id}; applies them as `services.run_control.RunControl` does."""
+    "checkpoint_in_pause": id}; applies them as `services.control.run.RunControl` does."""
 
     def __init__(self, clock: FakeClock, plan: dict[int, dict] | None = None):
         self.clock, self.plan = clock, plan or {}

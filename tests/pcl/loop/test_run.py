@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pcl.runlog import read_metrics
+from pcl.loop.runlog import read_metrics
 from tests.pcl.loop.fakes import SECONDS_PER_SAMPLE, FakeFleet, closest_to, config, world
 
 PCL = {"type": "pcl", "tau": 0.5, "k": 2}

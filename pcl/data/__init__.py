@@ -1,0 +1,1 @@
+"""Prompt data: raw rows, named datasets, templates, prompt sets, the sampler, fingerprints, reference pass rates."""

@@ -1,0 +1,82 @@
+"""The generation rounds of one training step: which sample indices each prompt has used, and every sample.
+
+A selection strategy may generate more than once within a step, always with the step's policy version:
+dynamic sampling and GRESO roll out fresh prompts until enough are informative, SPEED screens prompts with a
+few rollouts and continues the accepted ones. The ledger gives each request the next free sample indices of
+its prompt, so the records of two rounds never share an idempotency key (run, step, prompt id, sample index,
+policy version), and assembles the step's batch from all rounds:
+
+    ledger = RoundLedger()
+    requests = ledger.reserve([(prompt, 4), (other, 8)])    # -> [(prompt, 4, 0), (other, 8, 0)]
+    ledger.add(rollouts.generate_rollouts(step, version, requests))
+    ledger.reserve([(prompt, 12)])                           # -> [(prompt, 12, 4)]: indices 4..15
+    ledger.round_rewards(samples)                            # {prompt id: rewards of this round, by index}
+    ledger.samples_of(["p-1", "p-7"])                        # every sample of those prompts, all rounds
+
+Estimation rollouts (`reserve([(prompt, 8, False)])`, the `probe` strategy's pass-rate estimates) are shown to
+the strategy but never trained on: their indices start at ESTIMATE_BASE, so they share no idempotency key with
+the prompt's trained samples (still 0 .. n-1), and `samples_of` leaves them out.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from pcl.loop.batch import Sample
+
+ESTIMATE_BASE = 1 << 20  # first sample index of a prompt's estimation rollouts (never trained on)
+
+
+class RoundLedger:
+    def __init__(self) -> None:
+        self.next_index: Counter[str] = Counter()  # prompt id -> first sample index not yet asked for
+        self.next_estimate: Counter[str] = Counter()  # prompt id -> estimation rollouts asked for so far
+        self.samples: dict[str, list[Sample]] = {}  # prompt id -> its samples so far, every round
+        self.rounds = 0  # generation rounds that asked for at least one sample
+        self.generated = 0  # samples collected, all rounds (screening, probes and the batch)
+        self.estimated = 0  # of those, estimation samples (not trained on)
+
+    def reserve(self, rollouts: Iterable[tuple]) -> list[tuple[object, int, int]]:
+        """(prompt, n) or (prompt, n, train) -> (prompt, n, first_index), first_index the prompt's next free
+        sample index; with train=False the next free estimation index (from ESTIMATE_BASE on)."""
+        out = []
+        for prompt, n, *train in rollouts:
+            counter, base = (self.next_index, 0) if not train or train[0] else (self.next_estimate, ESTIMATE_BASE)
+            first = counter[prompt.id]
+            counter[prompt.id] = first + n
+            out.append((prompt, n, base + first))
+        return out
+
+    def carry_in(self, samples: Sequence[Sample]) -> None:
+        """Samples generated in an earlier step that this step continues (SPEED's carried screening): part of
+        the batch, not counted as generated or as a round; the prompt's next indices follow them."""
+        for s in samples:
+            self.samples.setdefault(s.prompt_id, []).append(s)
+            self.next_index[s.prompt_id] = max(self.next_index[s.prompt_id], s.sample_index + 1)
+
+    def add(self, samples: Sequence[Sample]) -> None:
+        """Record one round's samples."""
+        if samples:
+            self.rounds += 1
+        self.generated += len(samples)
+        for s in samples:
+            if s.sample_index >= ESTIMATE_BASE:
+                self.estimated += 1
+            else:
+                self.samples.setdefault(s.prompt_id, []).append(s)
+
+    @staticmethod
+    def round_rewards(samples: Sequence[Sample]) -> dict[str, np.ndarray]:
+        """prompt id -> float64[n] rewards of this round's samples of the prompt, in sample-index order."""
+        by_prompt: dict[str, list[Sample]] = {}
+        for s in samples:
+            by_prompt.setdefault(s.prompt_id, []).append(s)
+        return {pid: np.array([s.reward for s in sorted(group, key=lambda s: s.sample_index)], dtype=np.float64)
+                for pid, group in by_prompt.items()}
+
+    def samples_of(self, prompt_ids: Iterable[str]) -> list[Sample]:
+        """Every sample of these prompts collected this step, from all rounds (estimation rollouts excluded)."""
+        return [s for pid in prompt_ids for s in self.samples.get(pid, [])]

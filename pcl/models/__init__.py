@@ -1,0 +1,1 @@
+"""The sharded models: the policy learner, the value model, FSDP2 helpers, export in Hugging Face format."""

@@ -1,0 +1,328 @@
+"""The control plane: a FastAPI app over one run's control state in Redis (docs/architecture.md).
+
+    app = create_app(ControlStore(client, "tiny"), token="...")
+    server = ControlServer(app, "127.0.0.1", 8600).start()      # uvicorn in a background thread; server.url
+
+Reads are open; every mutation needs `Authorization: Bearer <token>` (401 without it, compared in constant
+time, before the body is read: services/control/guard.py, which also bounds bodies and requests in flight and
+adds the security headers). Bad values get 422, an id Redis refuses 400, a request that contradicts the run's
+state 409, and Redis being unreachable 503. Mutations are requests: the coordinator applies them at the next
+step boundary (services/control/run.py).
+
+    GET  /v1/status        step, policy version, paused, tau, k, last step's metrics, queue depths, health
+    GET  /v1/history       per-step records for plots (?after=STEP&limit=N, N <= HISTORY_PAGE)
+    GET  /v1/events        the event log (?after=ID&limit=N)
+    POST /v1/pause         pause at the next step boundary          POST /v1/resume
+    PATCH /v1/params       {"tau": 0.4, "k": 8}, from the next step
+    POST /v1/checkpoint    202: the request is recorded for the checkpoint writer
+    GET  /metrics          Prometheus text (services/control/metrics.py)
+    GET  /livez  /readyz   process up; Redis reachable
+    GET  /                 the live dashboard (services/control/static/dashboard.html)
+    GET  /openapi.json     the OpenAPI schema; GET /docs (Swagger UI, from a CDN) only with control.docs
+"""
+
+from __future__ import annotations
+
+import hmac
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import redis
+import uvicorn
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+from pcl.config import ControlConfig
+from pcl.credentials import check_token
+from services.control.guard import DOCS_CSP, RequestGuard, dashboard_csp
+from services.control.state import ControlConflict, ControlStore, ControlValueError
+from services.control.metrics import metrics_registry
+
+DASHBOARD = Path(__file__).parent / "static" / "dashboard.html"
+HISTORY_PAGE = 1000  # step records per /v1/history response (about 300 KB of JSON); page on with ?after=
+
+
+# -- models --------------------------------------------------------------------------------------------------
+
+
+class ParamsUpdate(BaseModel):
+    """New selection parameters, applied from the next step on."""
+
+    model_config = ConfigDict(extra="forbid")
+    tau: float | None = Field(
+        None, ge=0, le=1, allow_inf_nan=False, description="Target pass rate, in [0, 1]."
+    )
+    k: int | None = Field(None, ge=1, strict=True, description="Candidate pool factor, an integer >= 1.")
+
+    @model_validator(mode="after")
+    def _something_to_change(self) -> "ParamsUpdate":
+        if self.tau is None and self.k is None:
+            raise ValueError("give tau and/or k")
+        return self
+
+
+class Event(BaseModel):
+    id: str = Field(description="Stream id; pass it as ?after= to read what came later.")
+    type: str = Field(
+        description="pause_requested, paused, resume_requested, resumed, params_requested, "
+        "params_applied, params_refused, checkpoint_requested, checkpoint_written, finished"
+    )
+    source: str = Field(description="'api' for requests, 'coordinator' for what it applied.")
+    time: float = Field(description="Unix time.")
+    step: int | None = Field(description="Coordinator events: the first step that ran with the change.")
+    data: dict[str, Any]
+
+
+class Accepted(BaseModel):
+    accepted: bool = True
+    event: Event
+
+
+class CheckpointAccepted(BaseModel):
+    accepted: bool = True
+    request_id: str
+    requested_at: float
+    note: str = "recorded; the coordinator sees it at the next step boundary"
+
+
+class RunStatus(BaseModel):
+    """The run as the coordinator last published it, with what is asked for and live queue depths."""
+
+    model_config = ConfigDict(extra="allow")
+    run: str
+    state: str = Field(description="waiting, running, pausing, paused, resuming, finished, failed or lost.")
+    step: int = Field(description="Training steps completed.")
+    policy_version: int | None = None
+    paused: bool = False
+    pause_requested: bool = False
+    tau: float | None = None
+    k: int | None = None
+    last_step: dict[str, Any] | None = Field(None, description="The last step's metrics record.")
+    queue_depths: dict[str, int]
+    actors: dict[str, str] | None = Field(None, description="Health of each actor at the last step.")
+    coordinator: dict[str, Any]
+
+
+# -- dependencies --------------------------------------------------------------------------------------------
+
+
+def get_store(request: Request) -> ControlStore:
+    return request.app.state.store
+
+
+bearer = HTTPBearer(auto_error=False, description="The run's API token (control.token or PCL_API_TOKEN).")
+
+
+def require_token(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+) -> None:
+    given = credentials.credentials if credentials is not None else ""
+    if not hmac.compare_digest(given.encode(), request.app.state.token.encode()):
+        raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+
+Store = Annotated[ControlStore, Depends(get_store)]
+
+
+# -- routes --------------------------------------------------------------------------------------------------
+
+health = APIRouter(tags=["health"])
+
+
+@health.get("/livez")
+def livez() -> dict:
+    return {"live": True}
+
+
+@health.get("/readyz")
+def readyz(store: Store) -> JSONResponse:
+    try:
+        store.client.ping()
+    except (redis.RedisError, OSError) as exc:
+        return JSONResponse(
+            {"ready": False, "reason": f"Redis unreachable: {type(exc).__name__}"}, status_code=503
+        )
+    return JSONResponse({"ready": True})
+
+
+reads = APIRouter(prefix="/v1", tags=["run"])
+
+
+@reads.get("/status", response_model=RunStatus)
+def status(store: Store) -> dict:
+    return store.status()
+
+
+@reads.get("/history")
+def history(
+    store: Store,
+    after: Annotated[int, Query(ge=-1)] = -1,
+    limit: Annotated[int, Query(ge=1, le=HISTORY_PAGE)] = HISTORY_PAGE,
+) -> dict:
+    """Per-step records (step, metrics, tau, k, eval_accuracy) with step > after, oldest first; at most
+    HISTORY_PAGE per call (ask again with after= the last step for more)."""
+    return {"records": store.history(after, limit)}
+
+
+@reads.get("/events", response_model=list[Event])
+def events(
+    store: Store,
+    after: Annotated[str | None, Query(pattern=r"^\d+-\d+$")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 200,
+) -> list[dict]:
+    """The event log, oldest first: the newest `limit` events, or those after the id `after`."""
+    try:
+        return store.events(after, limit)
+    except redis.ResponseError as exc:  # an id Redis refuses (a part beyond 2**64 - 1); not its OOM & co
+        if type(exc) is not redis.ResponseError:
+            raise
+        raise HTTPException(400, f"after: {after!r} is not a stream id Redis accepts ({exc})") from None
+
+
+control_routes = APIRouter(
+    prefix="/v1",
+    tags=["control"],
+    dependencies=[Depends(require_token)],
+    responses={
+        401: {"description": "no or wrong bearer token"},
+        409: {"description": "conflicts with the run's state"},
+    },
+)
+
+
+@control_routes.post("/pause", response_model=Accepted, status_code=202)
+def pause(store: Store) -> dict:
+    """Pause at the next step boundary: the step in flight completes, nothing is lost."""
+    return {"event": store.request_pause()}
+
+
+@control_routes.post("/resume", response_model=Accepted, status_code=202)
+def resume(store: Store) -> dict:
+    return {"event": store.request_resume()}
+
+
+@control_routes.patch("/params", response_model=Accepted, status_code=202)
+def params(update: ParamsUpdate, store: Store) -> dict:
+    """Set tau and/or k; the next step uses them (recorded as params_applied with that step)."""
+    return {"event": store.request_params(tau=update.tau, k=update.k)}
+
+
+@control_routes.post("/checkpoint", response_model=CheckpointAccepted, status_code=202)
+def checkpoint(store: Store) -> dict:
+    """Record a checkpoint request (one may be pending at a time); the coordinator's checkpoint writer takes
+    it at the next step boundary and records checkpoint_written."""
+    request = store.request_checkpoint()
+    return {"request_id": request["id"], "requested_at": request["requested_at"]}
+
+
+pages = APIRouter()
+
+
+@pages.get("/metrics", tags=["metrics"], response_class=Response)
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@pages.get("/", include_in_schema=False, response_class=HTMLResponse)
+def dashboard(request: Request) -> HTMLResponse:
+    return HTMLResponse(request.app.state.dashboard)
+
+
+def create_app(store: ControlStore, token: str, control: ControlConfig | None = None) -> FastAPI:
+    """The control plane of `store`'s run; mutations need `token`. `control` sets the guard's limits, the
+    trusted hosts and /docs (ControlConfig's defaults when None)."""
+    control = control or ControlConfig()
+    check_token(token, "the API token")  # ValueError for a short or placeholder token
+    app = FastAPI(title="PCL control plane", version="1", summary=f"Steer and watch PCL run {store.run!r}.",
+                  docs_url="/docs" if control.docs else None, redoc_url=None)
+    app.state.store, app.state.token = store, token
+    app.state.registry = metrics_registry(store)
+    app.state.dashboard = DASHBOARD.read_text(encoding="utf-8")
+    for router in (health, reads, control_routes, pages):
+        app.include_router(router)
+    _add_error_handlers(app)
+    if control.allowed_hosts:  # a Host header not listed is 400: a rebound DNS name never reaches a route
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=control.allowed_hosts, www_redirect=False)
+    app.add_middleware(RequestGuard, token=token, max_body_bytes=control.max_body_bytes,
+                       max_concurrent=control.max_concurrent_requests,
+                       csp={"/": dashboard_csp(app.state.dashboard), "/docs": DOCS_CSP})
+    return app
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # Where and why, never the input: it may be NaN or a lone surrogate, which JSON cannot carry.
+        detail = [{"loc": [_printable(p) for p in e["loc"]], "msg": _printable(e["msg"]), "type": e["type"]}
+                  for e in exc.errors()]
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.exception_handler(ControlConflict)
+    def conflict(_: Request, exc: ControlConflict) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=409)
+
+    @app.exception_handler(ControlValueError)
+    def bad_value(_: Request, exc: ControlValueError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    @app.exception_handler(redis.RedisError)
+    def redis_down(_: Request, exc: redis.RedisError) -> JSONResponse:
+        return JSONResponse({"detail": f"Redis unavailable: {type(exc).__name__}"}, status_code=503)
+
+
+def _printable(part: Any) -> str | int:
+    """A location part or message as valid UTF-8 text (a lone surrogate becomes '?')."""
+    return part if isinstance(part, int) else str(part).encode("utf-8", "replace").decode("utf-8")
+
+
+# -- serving -------------------------------------------------------------------------------------------------
+
+
+class ControlServer:
+    """uvicorn serving an app from a daemon thread of this process (port 0 picks a free port)."""
+
+    def __init__(self, app: FastAPI, host: str, port: int):
+        self.host = host
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._serve, name="pcl-control-plane", daemon=True)
+
+    def start(self, timeout_s: float = 15.0) -> "ControlServer":
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(
+                    f"the control plane did not start on {self.host}:{self.server.config.port}"
+                )
+            time.sleep(0.02)
+        return self
+
+    def _serve(self) -> None:
+        try:
+            self.server.run()
+        except SystemExit:  # uvicorn exits when it cannot bind; start() reports that
+            pass
+
+    @property
+    def port(self) -> int:
+        return self.server.servers[0].sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

@@ -1,0 +1,245 @@
+"""The coordinator's side of the control state: applied at step boundaries, published after each step.
+
+    control = RunControl.for_coordinator(cfg, fleet)          # in the coordinator's __init__
+    ...
+    paused_s = control.at_step_boundary(step, strategy)       # before each step: tau / k, pause (blocks)
+    record = train_step(step)
+    control.publish(record, policy_version)                   # status, history, Prometheus totals
+    ...
+    control.finish(steps_done)
+
+Everything the control plane asked for (services/control/state.py) takes effect here, between two steps: the
+step in flight always completes, and a change is recorded in the event log with the step it took effect at.
+The control channel never stops training: when Redis does not answer, the step goes on with the values it
+had (a pause already in force holds until Redis answers again).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import redis
+
+from services.control.state import HEARTBEAT_TTL_S, ControlStore, Desired
+from services.control.metrics import observation_increments
+
+log = logging.getLogger(__name__)
+
+
+def fleet_actors(fleet: dict) -> dict[str, Any]:
+    """Named actor handles of a fleet dict (entrypoints.fleet.start_fleet's handles), for health checks."""
+    actors = {"sampler": fleet.get("sampler"), "scorer": fleet.get("scorer")}
+    learners = fleet.get("learners")
+    actors.update({f"learner-{i}": rank for i, rank in enumerate(getattr(learners, "ranks", []))})
+    actors.update({f"rollout-{i}": w for i, w in enumerate(fleet.get("rollout_workers", []))})
+    actors.update({f"verifier-{i}": v for i, v in enumerate(fleet.get("verifiers", []))})
+    return {name: handle for name, handle in actors.items() if handle is not None}
+
+
+def actor_health(actors: dict[str, Any], timeout_s: float = 2.0) -> dict[str, str]:
+    """Per actor: 'ok', 'stopped' (serving loop ended), 'unresponsive' (no answer in timeout_s), 'dead'."""
+    import ray
+
+    health: dict[str, str] = {}
+    refs = {}
+    for name, handle in actors.items():
+        try:
+            refs[name] = handle.ping.remote()
+        except Exception:  # noqa: BLE001 - a handle that cannot take a call is as good as dead
+            health[name] = "dead"
+    ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)[0]) if refs else set()
+    for name, ref in refs.items():
+        if ref not in ready:
+            health[name] = "unresponsive"
+            continue
+        try:
+            health[name] = "ok" if ray.get(ref) else "stopped"
+        except Exception:  # noqa: BLE001 - RayActorError and friends
+            health[name] = "dead"
+    return health
+
+
+class RunControl:
+    """Applies the control state to a running coordinator, and publishes what it does."""
+
+    def __init__(
+        self,
+        store: ControlStore,
+        actors: dict[str, Any] | None = None,
+        steps_total: int | None = None,
+        poll_s: float = 0.25,
+        heartbeat_s: float = 5.0,
+    ):
+        self.store, self.actors, self.poll_s = store, actors or {}, poll_s
+        self.status: dict[str, Any] = {
+            "run": store.run,
+            "state": "running",
+            "step": 0,
+            "paused": False,
+            "steps_total": steps_total,
+            "started_at": time.time(),
+        }
+        self.desired = Desired()
+        self.counted: dict[str, float] = {}  # counters of the step record already added to the totals
+        self.ignored: set[tuple[str, float]] = set()  # changes refused once (not repeated every step)
+        self._warned_at = 0.0
+        self._stop = threading.Event()
+        self._safely(store.beat)  # alive from the start, not from the thread's first turn
+        self._heartbeat = threading.Thread(
+            target=self._beat, args=(heartbeat_s,), name="pcl-heartbeat", daemon=True
+        )
+        self._heartbeat.start()
+
+    @classmethod
+    def for_coordinator(cls, cfg, fleet: dict) -> "RunControl":
+        """The control of the run `cfg` describes, on the fleet's Redis."""
+        from services.redis_server import make_client
+
+        store = ControlStore(make_client(fleet["redis_url"], decode_responses=True), cfg.run.name)
+        return cls(store, fleet_actors(fleet), steps_total=cfg.run.steps)
+
+    # -- step boundaries -------------------------------------------------------------------------------------
+
+    def at_step_boundary(self, step: int, strategy, on_checkpoint=None) -> float:
+        """Before training step `step` (0-based; metrics.jsonl calls it step+1): apply tau / k, see a
+        checkpoint request, and block while paused; `on_checkpoint()` is called for a checkpoint requested
+        during a pause (the run's state then is that of the step boundary). Returns the seconds spent paused."""
+        self._describe(strategy)
+        desired = self._read()
+        if desired is not None:
+            self._apply(desired, step + 1, strategy)
+        if desired is None or not desired.paused:
+            self._write_status(state="running", paused=False)
+            return 0.0
+        start = time.monotonic()
+        self._event("paused", step + 1)
+        self._write_status(state="paused", paused=True)
+        while desired is None or desired.paused:
+            time.sleep(self.poll_s)
+            desired = self._read()
+            if desired is not None and self._apply(desired, step + 1, strategy):
+                self._describe(strategy)
+                self._write_status()
+            if on_checkpoint is not None and self.checkpoint_requested():
+                on_checkpoint()
+        paused_s = time.monotonic() - start
+        self._event("resumed", step + 1, paused_seconds=round(paused_s, 3))
+        self._write_status(state="running", paused=False)
+        return paused_s
+
+    def publish(self, record: dict, policy_version: int) -> None:
+        """After a step (or the step-0 evaluation) is logged: status, history and Prometheus totals."""
+        self.status.update(step=int(record["step"]), policy_version=policy_version)
+        if record.get("eval_accuracy") is not None:
+            self.status["eval"] = {"step": int(record["step"]), "accuracy": record["eval_accuracy"]}
+        increments = {}
+        if "step_seconds" in record:  # a training step, not the evaluation before the first one
+            self.status["last_step"] = {
+                k: v for k, v in record.items() if isinstance(v, (int, float, type(None)))
+            }
+            increments = observation_increments(record, self.counted)
+            if self.actors:
+                self.status["actors"] = actor_health(self.actors)
+
+        def write() -> None:
+            self.store.add_history(record)
+            if increments:
+                self.store.add_totals(increments)
+
+        self._safely(write)
+        self._write_status()
+
+    def checkpoint_requested(self) -> str | None:
+        """Id of the checkpoint request pending at the last step boundary, or None."""
+        return (self.desired.checkpoint or {}).get("id")
+
+    def checkpoint_done(self, request_id: str | None, path: str) -> None:
+        """A checkpoint was written (on request, or on schedule when request_id is None)."""
+        step = self.status["step"]
+        if request_id is not None:
+            self._safely(lambda: self.store.clear_checkpoint(request_id))
+            self.desired = Desired(**{**self.desired.__dict__, "checkpoint": None})
+        self.status["checkpoint"] = {
+            "last": {"step": step, "path": path, "request_id": request_id, "time": time.time()}
+        }
+        self._event("checkpoint_written", step, path=path, request_id=request_id)
+        self._write_status()
+
+    def snapshot(self) -> dict:
+        """The control state for a checkpoint ({} when Redis does not answer)."""
+        return self._safely(self.store.snapshot) or {}
+
+    def finish(self, steps_done: int) -> None:
+        """The run ended normally: final status, an event, and no more heartbeat."""
+        self._stop.set()
+        self._heartbeat.join(timeout=5)
+        self._event("finished", steps_done)
+        self._write_status(state="finished", paused=False)
+        self._safely(self.store.clear_heartbeat)
+
+    # -- the pieces ------------------------------------------------------------------------------------------
+
+    def _apply(self, desired: Desired, step: int, strategy) -> bool:
+        """Tune tau / k on the strategy (`Strategy.tune`, which validates) and record it; a change the strategy
+        cannot take is refused once, as an event. Returns whether anything changed."""
+        self.desired = desired
+        wanted = {}
+        for key in ("tau", "k"):
+            value = getattr(desired, key)
+            if value is None or (key, value) in self.ignored:
+                continue
+            reason = None
+            if key not in strategy.tunable:
+                reason = f"selection strategy {strategy.name!r} has no {key}"
+            elif key == "k" and desired.k_max is not None and value > desired.k_max:
+                reason = f"k={value} exceeds k_max={desired.k_max}"
+            else:
+                try:
+                    strategy.tunable[key].check(key, value)
+                    wanted[key] = value
+                except ValueError as exc:
+                    reason = str(exc)
+            if reason is not None:
+                self.ignored.add((key, value))
+                self._event("params_refused", step, reason=reason, **{key: value})
+        changed = strategy.tune(**wanted) if wanted else {}
+        if changed:
+            self._event("params_applied", step, previous={key: old for key, (old, _) in changed.items()},
+                        **{key: new for key, (_, new) in changed.items()})
+        return bool(changed)
+
+    def _describe(self, strategy) -> None:
+        self.status.update(
+            strategy=strategy.name,
+            tunable=[key for key in ("tau", "k") if key in strategy.tunable],
+            tau=getattr(strategy, "tau", None),
+            k=getattr(strategy, "k", None),
+        )
+
+    def _event(self, kind: str, step: int, **data: Any) -> None:
+        self._safely(lambda: self.store.add_event(kind, "coordinator", step=step, **data))
+
+    def _read(self) -> Desired | None:
+        return self._safely(self.store.desired)
+
+    def _write_status(self, **changes: Any) -> None:
+        self.status.update(changes, updated_at=time.time())
+        self._safely(lambda: self.store.write_status(self.status))
+
+    def _beat(self, every_s: float) -> None:
+        while not self._stop.is_set():
+            self._safely(self.store.beat)
+            self._stop.wait(min(every_s, HEARTBEAT_TTL_S / 3))
+
+    def _safely(self, operation):
+        """Run a Redis operation; on a Redis error log it (at most every 30 s) and return None."""
+        try:
+            return operation()
+        except (redis.RedisError, OSError) as exc:
+            if time.monotonic() - self._warned_at > 30:
+                self._warned_at = time.monotonic()
+                log.warning("control state on Redis unavailable (%s); training goes on", exc)
+            return None

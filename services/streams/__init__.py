@@ -1,0 +1,1 @@
+"""Work between actors on Redis streams: topology, queues, records, collection, the workers' serving loops."""

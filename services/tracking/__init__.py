@@ -1,0 +1,1 @@
+"""Experiment trackers: the run's figures to TensorBoard, wandb, MLflow or trackio."""
