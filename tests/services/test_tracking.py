@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pcl.config import ConfigError, load_config
-from services.tracking.trackers import trackers as tracking
+import services.tracking.trackers as tracking
 from services.tracking.trackers import Trackers, check_backends, flat_config, tracker_metrics
 from tests.services import tracker_readers as read
 from tests.services.control_fixtures import store  # noqa: F401 - a fixture
