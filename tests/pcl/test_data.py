@@ -2,6 +2,7 @@
 files (bad JSON, bad UTF-8, a 1 MB prompt, garbage), Parquet, and the prompt templates."""
 
 import json
+import sys
 import logging
 from pathlib import Path
 
@@ -204,13 +205,8 @@ def test_duplicate_ids_are_an_error(tmp_path):
         load_prompts(DataConfig(source=str(path), id_field="id"))
 
 
-def test_hub_name_without_datasets_says_how_to_install():
-    try:
-        import datasets  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("datasets is installed: the hub would be consulted")
+def test_hub_name_without_datasets_says_how_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as on an install without the `hf` extra
     with pytest.raises(ImportError, match=r"pip install 'pcl-service\[hf\]'") as err:
         load_rows("HuggingFaceH4/MATH-500", split="test")
     assert "HuggingFaceH4/MATH-500" in str(err.value)
