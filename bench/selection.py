@@ -56,10 +56,10 @@ DEFAULT_LENGTHS = "8,32,128,512,2048"
 
 def rewards_of(engine, params, prompts) -> np.ndarray:
     """float[len(prompts), params.n]: verified rewards of freshly generated responses (0 when truncated)."""
-    from pcl.reward.verdict import math_reward
+    from pcl.reward.verdict import response_reward
 
     groups = engine.generate([list(p.prompt_token_ids) for p in prompts], params)
-    return np.array([[0.0 if g.finish_reason == "length" else math_reward(g.text, p.answer) for g in group]
+    return np.array([[response_reward(g.finish_reason, g.text, p.answer) for g in group]
                      for p, group in zip(prompts, groups)])
 
 

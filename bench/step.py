@@ -107,11 +107,14 @@ class TreeCpu(threading.Thread):
 def trl_reward(max_new_tokens: int, eos_id: int, seconds: list[float]):
     """pcl.reward.verdict.math_reward as a TRL reward function; a truncated response scores 0 (algorithm step 5).
     Each call's wall time is appended to `seconds`."""
-    from pcl.reward.verdict import math_reward
+    from pcl.reward.verdict import response_reward
+
+    def finish_reason(ids) -> str:  # TRL gives token ids, not the engine's finish reason
+        return "length" if len(ids) >= max_new_tokens and ids[-1] != eos_id else "stop"
 
     def math_verify_reward(prompts, completions, completion_ids, answer, **_) -> list[float]:
         start = time.perf_counter()
-        rewards = [0.0 if (len(ids) >= max_new_tokens and ids[-1] != eos_id) else math_reward(text, gold)
+        rewards = [response_reward(finish_reason(ids), text, gold)
                    for text, ids, gold in zip(completions, completion_ids, answer)]
         seconds.append(time.perf_counter() - start)
         return rewards

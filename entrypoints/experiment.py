@@ -164,7 +164,7 @@ def measure_reference(cfg, policy_path: str, prompts: list, n_pre: int, chunk: i
     from pcl.engines import make_engine
     from pcl.engines.base import SamplingParams
     from pcl.progress import Progress
-    from pcl.reward.verdict import math_reward
+    from pcl.reward.verdict import response_reward
 
     engine = make_engine(cfg.rollout.model_copy(update={"engine": "hf"}), policy_path, cfg.run.seed, device="cpu")
     params = SamplingParams.from_rollout_config(cfg.rollout, n=n_pre)
@@ -173,7 +173,7 @@ def measure_reference(cfg, policy_path: str, prompts: list, n_pre: int, chunk: i
         for start in range(0, len(prompts), chunk):
             batch = prompts[start:start + chunk]
             for p, group in zip(batch, engine.generate([list(p.prompt_token_ids) for p in batch], params)):
-                rewards = [0.0 if g.finish_reason == "length" else math_reward(g.text, p.answer) for g in group]
+                rewards = [response_reward(g.finish_reason, g.text, p.answer) for g in group]
                 rates[p.id] = sum(rewards) / len(rewards)
             bar.update(len(batch))
     return rates

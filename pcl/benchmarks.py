@@ -201,6 +201,7 @@ def evaluate(engine, pool, suite: dict[str, list], ks: dict[str, int], sampling:
     from tqdm import tqdm
 
     from pcl.engines.base import SamplingParams
+    from pcl.reward.verdict import TRUNCATED_REWARD, is_truncated
 
     results = []
     for name, records in suite.items():
@@ -215,7 +216,7 @@ def evaluate(engine, pool, suite: dict[str, list], ks: dict[str, int], sampling:
             params = SamplingParams(n=k, max_new_tokens=max_new_tokens, seed=seed + first, **sampling)
             groups = engine.generate([list(r.prompt_token_ids) for r in chunk], params)
             finished = [(i, j) for i, gens in enumerate(groups) for j, g in enumerate(gens)
-                        if g.finish_reason != "length"]
+                        if not is_truncated(g.finish_reason)]
             pairs = [(groups[i][j].text, chunk[i].answer) for i, j in finished]
             scored = dict(zip(finished, pool.score_batch(pairs) if pairs else []))
             for i, (r, gens) in enumerate(zip(chunk, groups)):
@@ -224,7 +225,7 @@ def evaluate(engine, pool, suite: dict[str, list], ks: dict[str, int], sampling:
                     outcome = scored.get((i, j))
                     truncated += int(outcome is None)
                     timeouts += int(outcome is not None and outcome.timed_out)
-                    row.append(0.0 if outcome is None else float(outcome.reward))
+                    row.append(TRUNCATED_REWARD if outcome is None else float(outcome.reward))
                 rewards[r.id] = row
             bar.update(len(chunk))
         bar.close()

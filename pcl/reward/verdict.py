@@ -20,6 +20,10 @@ alone would score 0.0), and, as there, a response whose earlier boxes join into 
 Elsewhere the last box is the answer: "\boxed{3}, no wait, \boxed{4}" scores 1.0 against 4, where
 math-verify alone takes {3, 4}.
 
+A truncated response (one that reached its token budget: finish reason "length") scores 0 and is never
+verified (algorithm step 5): `is_truncated` says which, `response_reward` scores one response in-process with
+the rule applied, and the reward workers and the evaluation suite skip what `is_truncated` names.
+
 `math_reward` never raises on a model output (a bad one scores 0.0); a bad gold raises ValueError or
 TypeError naming it. On the main thread math-verify's own SIGALRM alarm guards each parse and comparison
 (it cancels any other alarm the process had set); elsewhere nothing can interrupt sympy in-process, so
@@ -38,10 +42,12 @@ from functools import lru_cache
 from typing import Any
 
 __all__ = [
-    "math_reward", "score_answer", "normalize_gold", "last_boxed", "boxed_answer", "plain_number",
+    "is_truncated", "response_reward", "TRUNCATED_REWARD", "math_reward", "score_answer", "normalize_gold", "last_boxed", "boxed_answer", "plain_number",
     "numeric_verdict", "numbers_verdict",
 ]
 
+# The reward of a truncated response, given without a verdict (algorithm step 5).
+TRUNCATED_REWARD = 0.0
 # math-verify's own per-call alarm (whole seconds) when math_reward runs on the main thread.
 IN_PROCESS_GUARD_S = 5
 # Relative tolerance between two plain numbers when either has a fractional part or an exponent; it
@@ -157,6 +163,26 @@ def _number_gold_text(gold: Any, name: str) -> str:
     if value.is_integer():
         return str(int(value))  # AMC golds: 27.0 means the integer 27
     return format(Decimal(repr(value)), "f")
+
+
+def is_truncated(finish_reason: str | None) -> bool:
+    """Whether a response was cut at its token budget (finish reason "length"): it scores TRUNCATED_REWARD and
+    is never verified (a cut response has no final answer).
+
+    >>> is_truncated("length"), is_truncated("stop")
+    (True, False)
+    """
+    return finish_reason == "length"
+
+
+def response_reward(finish_reason: str | None, response: str, gold: Any) -> float:
+    r"""The reward of one finished response, scored in this process: TRUNCATED_REWARD when it was truncated
+    (not verified), else `math_reward`.
+
+    >>> response_reward("length", r"\boxed{4}", 4), response_reward("stop", r"\boxed{4}", 4)
+    (0.0, 1.0)
+    """
+    return TRUNCATED_REWARD if is_truncated(finish_reason) else math_reward(response, gold)
 
 
 def math_reward(response: str, gold: Any) -> float:

@@ -20,6 +20,7 @@ from collections import Counter
 from typing import Any, Mapping
 
 from pcl.engines.base import SamplingParams as EngineSampling
+from pcl.reward.verdict import TRUNCATED_REWARD, is_truncated
 from services.streams.backoff import Backoff, FailureLog
 from services.streams.payloads import RewardNote, RolloutRequest, RolloutResult, pack_tokens, unpack_tokens
 from services.streams.queues import Delivery, WorkQueue
@@ -123,7 +124,7 @@ class VerifierService:
             else:  # no gold answer: a poison record, retried then dead-lettered, never a hang
                 missing = next(r.prompt_id for r in d.records if r.prompt_id not in self.answers)
                 self.results.fail(d, KeyError(f"no gold answer for prompt id {missing!r}"))
-        to_score = [r for d in known for r in d.records if r.finish_reason != "length"]
+        to_score = [r for d in known for r in d.records if not is_truncated(r.finish_reason)]
         outcomes = self.pool.score_batch([(r.text, self.answers[r.prompt_id]) for r in to_score])
         verdict = {id(r): o for r, o in zip(to_score, outcomes)}
         # One note per sample, pointing at the sample in the results stream: the coordinator reads it back there.
@@ -136,7 +137,7 @@ class VerifierService:
         self.counts["verified"] += 1
         if outcome is None:
             self.counts["truncated"] += 1
-            return RewardNote.of(result, entry_id, position, 0.0, 0.0, False)
+            return RewardNote.of(result, entry_id, position, TRUNCATED_REWARD, 0.0, False)
         self.counts["timeouts"] += int(outcome.timed_out)
         self.counts["errors"] += int(outcome.error is not None)
         return RewardNote.of(result, entry_id, position, float(outcome.reward), outcome.seconds,

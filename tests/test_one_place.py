@@ -1,0 +1,44 @@
+"""Each rule of the service lives in one place, read from the source: a second copy of a rule is a failure here.
+
+    the truncation rule        pcl/reward/verdict.py (is_truncated, TRUNCATED_REWARD, response_reward)
+    the resume rule            pcl/loop/resume.py (RESUME_FIXED, check_resumable, resolve_selection)
+    the prompt-set fingerprint pcl/data/fingerprint.py
+    the training-data check    pcl/data/fingerprint.py (check_same_data), called by the sampler actor only
+    the run's inputs           pcl/data/inputs.py (model paths, tokenizer, prompt sets)
+    environment fallbacks      pcl/config.py (ENV_FALLBACKS)
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CODE = ("pcl", "services", "actors", "entrypoints", "bench")
+
+
+RUN_DRIVERS = ("entrypoints", "bench", "pcl/data")  # the callers that load a run's inputs, and the library
+
+
+def sources(tops=CODE) -> dict[str, str]:
+    return {str(p.relative_to(ROOT)): p.read_text() for top in tops for p in (ROOT / top).rglob("*.py")}
+
+
+def holders(pattern: str, tops=CODE) -> list[str]:
+    rx = re.compile(pattern)
+    return sorted(path for path, text in sources(tops).items() if rx.search(text))
+
+
+@pytest.mark.parametrize("rule, pattern, tops, home", [
+    ("a truncated response scores 0", r"""finish_reason\s*[!=]=\s*["']length["']""", CODE, ["pcl/reward/verdict.py"]),
+    ("the resume rule", r"RESUME_FIXED\s*=|def check_resumable\b", CODE, ["pcl/loop/resume.py"]),
+    ("the prompt-set fingerprint", r"def \w*fingerprint\w*\(", CODE, ["pcl/data/fingerprint.py"]),
+    ("the training-data check", r"fingerprint_differences\(", CODE, ["pcl/data/fingerprint.py"]),
+    ("loading a run's tokenizer", r"AutoTokenizer\.from_pretrained\(", RUN_DRIVERS, ["pcl/data/inputs.py"]),
+    ("resolving a run's model path", r"def resolve_model_path\b", CODE, ["pcl/data/inputs.py"]),
+])
+def test_a_rule_has_one_home(rule, pattern, tops, home):
+    found = holders(pattern, tops)
+    assert found == home, f"{rule}: written in {found}, expected only in {home}"
