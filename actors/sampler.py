@@ -11,7 +11,7 @@ from typing import Any
 import ray
 
 from pcl.data.prompts import PromptRecord
-from pcl.data.fingerprint import data_fingerprint, fingerprint_differences
+from pcl.data.fingerprint import data_changes, data_fingerprint
 from pcl.data.sampler import PromptSampler
 
 
@@ -48,9 +48,9 @@ class PromptSamplerActor:
         return {**self.sampler.state_dict(), "data": self.fingerprint}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from a saved cursor; refused (ValueError saying what differs) when it was taken on other data.
-        A state without a fingerprint (older checkpoints) is checked by its prompt count only."""
-        differences = fingerprint_differences(state["data"], self.fingerprint) if "data" in state else []
+        """Continue from a saved cursor; refused (ValueError saying what differs) when it was taken on other data
+        (`pcl.data.fingerprint.data_changes`, the check the driver ran before starting)."""
+        differences = data_changes(state, self.prompts)
         if differences:
             raise ValueError("the sampler state was saved on other training data: " + "; ".join(differences))
         self.sampler.load_state_dict({k: v for k, v in state.items() if k != "data"})

@@ -62,6 +62,7 @@ def resolve_model_path(path: str, what: str) -> str:
 def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     """Everything that can fail on bad input, done before Redis, Ray or any actor starts."""
     from pcl.data.prompts import load_prompts
+    from pcl.loop.resume import check_resumable
     from pcl.strategies import check_strategy
     from services.tracking.trackers import check_backends
 
@@ -133,51 +134,8 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     answers.update({p.id: p.answer for p in evals})
     for records in (suite or {}).values():
         answers.update({p.id: p.answer for p in records})
-    overrides = check_resumable(cfg, checkpoint, train) if checkpoint is not None else {}
+    overrides = check_resumable(cfg, checkpoint, train) if checkpoint is not None else {}  # pcl.loop.resume
     return Prepared(out, policy, value, train, evals, answers, checkpoint, suite, overrides)
-
-
-# What a resumed run must share with the run that wrote its checkpoint; the selection settings follow the rule
-# in pcl.loop.resume (structural ones fixed, tunable ones overridable); anything else may change on resume.
-RESUME_FIXED = ("run.name", "run.seed", "run.m", "run.n", "data.source", "data.revision", "model.path")
-
-
-def check_resumable(cfg: Config, checkpoint: Path, train: list) -> dict:
-    """A ConfigError naming each difference that makes `checkpoint` meaningless for `cfg` and its training
-    set `train` (the prompt count, and the data fingerprint of ids, questions and answers in order), or a
-    selection setting the checkpoint cannot take (`pcl.loop.resume`). Prints where each selection setting that is
-    not simply the config's comes from, and returns the tunable ones the resumed config overrides."""
-    import yaml
-
-    from pcl.data.fingerprint import data_fingerprint, fingerprint_differences
-    from pcl.loop.resume import ResumePlan, resolve_selection
-
-    saved = yaml.safe_load((checkpoint / "config.yaml").read_text())
-    now = cfg.model_dump(mode="json")
-    problems = []
-    for key in RESUME_FIXED:
-        section, name = key.split(".")
-        if saved.get(section, {}).get(name) != now[section][name]:
-            problems.append(f"{key} is {now[section][name]!r}; the checkpoint's run had "
-                            f"{saved.get(section, {}).get(name)!r}")
-    state = json.loads((checkpoint / "state.json").read_text())
-    plan = ResumePlan()
-    try:
-        plan = resolve_selection(cfg.selection, saved.get("selection", {}), state.get("strategy", {}),
-                                 state.get("step"))
-    except ValueError as exc:
-        problems += str(exc).splitlines()
-    if state["sampler"]["num_prompts"] != len(train):
-        problems.append(f"the training set has {len(train)} usable prompts; the checkpoint's had "
-                        f"{state['sampler']['num_prompts']} (the data changed)")
-    elif "data" in state["sampler"]:  # checkpoints written before the fingerprint: the count only
-        problems += [f"{why} (the data changed)" for why in
-                     fingerprint_differences(state["sampler"]["data"], data_fingerprint(train))]
-    if problems:
-        raise ConfigError(f"cannot resume from {checkpoint}:\n  " + "\n  ".join(problems))
-    for note in plan.notes:
-        print(f"pcl: {note}", flush=True)
-    return plan.overrides
 
 
 def start_ray() -> bool:

@@ -9,28 +9,22 @@ before the first step, and cached in the run directory keyed by prompt id:
         rates = pass_rates(samples)                          # mean reward per prompt id
         save_reference(run_dir / REFERENCE_FILE, "tiny", train_prompts, 8, rates)
 
-A cache records the policy it was measured with, n_pre and a fingerprint of the training prompts (ids and
-templated texts): the tiny task's prompts depend on the run seed, so ids alone would not say which prompts
-they were.
+A cache records the policy it was measured with, n_pre and the fingerprint of the training prompts
+(`pcl.data.fingerprint`: ids, questions, answers and templated texts): the tiny task's prompts depend on the run
+seed, so ids alone would not say which prompts they were. A cache written before it kept that fingerprint (a
+digest of the ids and templated texts) is still used for the same prompts.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from pcl.data.fingerprint import data_fingerprint, same_prompts
+
 REFERENCE_FILE = "reference_pass_rates.json"
-
-
-def fingerprint(prompts: Iterable) -> str:
-    """sha256 over the (id, templated prompt) pairs of a prompt set, in id order."""
-    digest = hashlib.sha256()
-    for pid, text in sorted((p.id, p.prompt) for p in prompts):
-        digest.update(f"{pid}\0{text}\0".encode())
-    return digest.hexdigest()
 
 
 def pass_rates(samples: Iterable) -> dict[str, float]:
@@ -47,7 +41,7 @@ def save_reference(path: str | os.PathLike, policy: str, prompts: Sequence, n_pr
     missing = [p.id for p in prompts if p.id not in rates]
     if missing:
         raise ValueError(f"reference pass rates missing for {len(missing)} prompts, e.g. {missing[:3]}")
-    body = {"policy": policy, "n_pre": n_pre, "prompts": len(prompts), "fingerprint": fingerprint(prompts),
+    body = {"policy": policy, "n_pre": n_pre, "prompts": len(prompts), "fingerprint": data_fingerprint(prompts),
             "pass_rates": {p.id: float(rates[p.id]) for p in prompts}}
     path = Path(path)
     tmp = path.with_suffix(".tmp")
@@ -68,6 +62,6 @@ def load_reference(path: str | os.PathLike, policy: str, prompts: Sequence,
         made_for = (body["policy"], int(body["n_pre"]), body["fingerprint"])
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{path}: not a reference pass-rate cache ({exc!r}); delete it to recompute") from None
-    if made_for[0] != policy or (n_pre is not None and made_for[1] != n_pre) or made_for[2] != fingerprint(prompts):
+    if made_for[0] != policy or (n_pre is not None and made_for[1] != n_pre) or not same_prompts(made_for[2], prompts):
         return None
     return rates

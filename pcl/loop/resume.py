@@ -1,4 +1,11 @@
-"""Where each selection setting of a resumed run comes from: one rule, applied here and only here.
+"""The resume rule, here and only here: what a resumed run must share with its checkpoint's run, and where each of
+its selection settings comes from.
+
+    overrides = check_resumable(cfg, checkpoint, train_prompts)   # ConfigError naming every difference
+
+`RESUME_FIXED` settings (run name, seed, m, n, dataset, revision, policy) must equal the checkpoint run's; the
+training set must be the one the sampler's saved position indexes (`pcl.data.fingerprint.data_changes`); the
+selection settings follow the rule below; anything else may change on resume.
 
 `pcl train CONFIG --resume [key=value ...]` meets a selection setting in up to three places: the resumed run's
 config (its files and command-line overrides), the checkpoint's strategy state (which holds what the control
@@ -28,11 +35,14 @@ rule, per kind of setting (docs/operations.md, "Resuming: where each setting com
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pcl.config_schema import Config, ConfigError
+from pcl.data.fingerprint import data_changes
 from pcl.strategies import Strategy, strategy_class
 
 log = logging.getLogger(__name__)
@@ -97,3 +107,43 @@ def resume_strategy(strategy: Strategy, state: dict[str, Any], selection, checkp
     for note in plan.notes:
         log.warning("%s", note)
     return plan
+
+
+# What a resumed run must share with the run that wrote its checkpoint; the selection settings follow the rule
+# above (structural ones fixed, tunable ones overridable); anything else may change on resume.
+RESUME_FIXED = ("run.name", "run.seed", "run.m", "run.n", "data.source", "data.revision", "model.path")
+
+
+def fixed_differences(now: dict[str, Any], saved: dict[str, Any]) -> list[str]:
+    """One line per RESUME_FIXED setting of the resumed config (`now`, dumped) that the checkpoint's run did not have."""
+    problems = []
+    for key in RESUME_FIXED:
+        section, name = key.split(".")
+        if saved.get(section, {}).get(name) != now[section][name]:
+            problems.append(f"{key} is {now[section][name]!r}; the checkpoint's run had "
+                            f"{saved.get(section, {}).get(name)!r}")
+    return problems
+
+
+def check_resumable(cfg: Config, checkpoint: Path, train: list) -> dict[str, Any]:
+    """A ConfigError naming each difference that makes `checkpoint` meaningless for `cfg` and its training
+    set `train` (a RESUME_FIXED setting, the prompt count and the data fingerprint of ids, questions and answers
+    in order), or a selection setting the checkpoint cannot take. Prints where each selection setting that is
+    not simply the config's comes from, and returns the tunable ones the resumed config overrides."""
+    import yaml
+
+    saved = yaml.safe_load((Path(checkpoint) / "config.yaml").read_text())
+    problems = fixed_differences(cfg.model_dump(mode="json"), saved)
+    state = json.loads((Path(checkpoint) / "state.json").read_text())
+    plan = ResumePlan()
+    try:
+        plan = resolve_selection(cfg.selection, saved.get("selection", {}), state.get("strategy", {}),
+                                 state.get("step"))
+    except ValueError as exc:
+        problems += str(exc).splitlines()
+    problems += [f"{why} (the data changed)" for why in data_changes(state["sampler"], train)]
+    if problems:
+        raise ConfigError(f"cannot resume from {checkpoint}:\n  " + "\n  ".join(problems))
+    for note in plan.notes:
+        print(f"pcl: {note}", flush=True)
+    return plan.overrides

@@ -18,7 +18,8 @@ from pcl.data.sampler import PromptSampler
 from pcl.strategies import (STRATEGIES, DynamicSamplingStrategy, GresoStrategy, PCLStrategy, PrefilterStrategy,
                             ProbeStrategy, SpeedStrategy, UniformStrategy, check_strategy, make_strategy,
                             strategy_class)
-from pcl.data.reference_rates import fingerprint, load_reference, pass_rates, save_reference
+from pcl.data.fingerprint import data_fingerprint
+from pcl.data.reference_rates import load_reference, pass_rates, save_reference
 
 
 def prompts(count: int) -> list[PromptRecord]:
@@ -484,7 +485,7 @@ def test_reference_cache_is_keyed_by_policy_prompts_and_n_pre(tmp_path):
     assert load_reference(path, "other-policy", records, 4) is None
     assert load_reference(path, "tiny", records, 8) is None
     changed = records[:4] + [PromptRecord("p4", "9+9", "18", "9+9=", (1,))]
-    assert fingerprint(changed) != fingerprint(records) and load_reference(path, "tiny", changed) is None
+    assert data_fingerprint(changed) != data_fingerprint(records) and load_reference(path, "tiny", changed) is None
     assert load_reference(tmp_path / "absent.json", "tiny", records) is None
     path.write_text("[1, 2]")
     with pytest.raises(ValueError, match="not a reference pass-rate cache"):
