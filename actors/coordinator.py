@@ -17,6 +17,7 @@ from typing import Any
 
 import ray
 
+from actors.handles import FleetHandles
 from actors.ports import ActorScorer, FleetLearner, SamplerPrompts, StreamRollouts, state_bytes_estimate
 from pcl.config import Config
 from pcl.data.prompts import PromptRecord
@@ -27,19 +28,20 @@ from services.tracking.trackers import TRACKERS_FILE  # the tracker run ids, kep
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class Coordinator:
-    def __init__(self, cfg: dict, run_dir: str, fleet: dict, eval_prompts: list[PromptRecord],
+    def __init__(self, cfg: dict, run_dir: str, fleet: FleetHandles, eval_prompts: list[PromptRecord],
                  suite: dict[str, list[PromptRecord]] | None = None):
         from services.streams.rollout_client import RolloutClient  # noqa: PLC0415 - keeps redis out of import time
         from services.control.run import RunControl  # noqa: PLC0415
 
         cfg = Config.model_validate(cfg)
         timeout_s = cfg.learner.timeout_s  # no remote call waits longer
-        learner = FleetLearner(cfg, fleet["learners"], fleet["rollout_workers"], fleet.get("policy_path"))
-        rollouts = StreamRollouts(RolloutClient(cfg, fleet["redis_url"]), learner, timeout_s)
-        scorer = ActorScorer(fleet["scorer"], timeout_s) if fleet["scorer"] is not None else None
+        learner = FleetLearner(cfg, fleet.learners, fleet.rollout_workers, fleet.policy_path)
+        client = RolloutClient(cfg, fleet.redis_url, live_workers=learner.live_workers)
+        rollouts = StreamRollouts(client, learner, timeout_s)
+        scorer = ActorScorer(fleet.scorer, timeout_s) if fleet.scorer is not None else None
         strategy = make_strategy(cfg.selection, cfg.run.m, cfg.run.seed, n=cfg.run.n)
-        loop = StepLoop(cfg, strategy, SamplerPrompts(fleet["sampler"], timeout_s), scorer, rollouts, learner, run_dir)
-        control = RunControl.for_coordinator(cfg, fleet)  # pause, tau / k, status, heartbeat
+        loop = StepLoop(cfg, strategy, SamplerPrompts(fleet.sampler, timeout_s), scorer, rollouts, learner, run_dir)
+        control = RunControl.for_coordinator(cfg, fleet.redis_url, fleet.health)  # pause, tau / k, status, health
         self.training = TrainingRun(cfg, run_dir, loop, Evaluation(cfg, rollouts, run_dir, eval_prompts, suite),
                                     control, state_bytes=state_bytes_estimate(fleet), keep_files=(TRACKERS_FILE,))
 

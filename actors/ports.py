@@ -1,9 +1,9 @@
 """The step loop's ports (`pcl.loop.ports`) on the Ray fleet and the Redis streams.
 
-    prompts  = SamplerPrompts(fleet["sampler"], timeout_s)            # the PromptSamplerActor
-    scorer   = ActorScorer(fleet["scorer"], timeout_s)                # the ValueScorerActor (V)
-    learner  = FleetLearner(cfg, fleet["learners"], fleet["rollout_workers"], policy_path)
-    rollouts = StreamRollouts(RolloutClient(cfg, redis_url), learner, timeout_s)
+    prompts  = SamplerPrompts(fleet.sampler, timeout_s)               # fleet: actors.handles.FleetHandles
+    scorer   = ActorScorer(fleet.scorer, timeout_s)                   # the ValueScorerActor (V)
+    learner  = FleetLearner(cfg, fleet.learners, fleet.rollout_workers, fleet.policy_path)
+    rollouts = StreamRollouts(RolloutClient(cfg, redis_url, learner.live_workers), learner, timeout_s)
 
 `FleetLearner` also repairs the fleet: while a generation call waits for its samples, `StreamRollouts` has it
 give the current weights to any rollout worker that Ray restarted (it serves nothing until then).
@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import ray
 
+from actors.handles import FleetHandles
 from actors.runtime import gather
 import pcl.loop.checkpoint_store as ckpt
 from pcl.config import Config
@@ -82,6 +83,7 @@ class FleetLearner:
         self.weights_ref = None  # the weights of policy_version in the object store (None: the initial ones)
         self.policy_version = 0
         self.worker_reloads = 0  # weights given to rollout workers Ray restarted
+        self.unavailable: set[int] = set()  # workers that did not answer the last fleet check (restarting)
 
     def train(self, sequences: Sequence[dict], global_count: int) -> dict[str, float]:
         return self.learners.train(sequences, global_count=global_count)
@@ -103,12 +105,15 @@ class FleetLearner:
         is only told to serve)."""
         refs = [w.policy_version.remote() for w in self.workers]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)
-        for worker, ref in zip(self.workers, refs):
+        self.unavailable = set()
+        for index, (worker, ref) in enumerate(zip(self.workers, refs)):
             if ref not in ready:
+                self.unavailable.add(index)
                 continue  # restarting (its model is loading): seen at the next check
             try:
                 version = ray.get(ref)
             except ray.exceptions.RayError:
+                self.unavailable.add(index)
                 continue
             if version != self.policy_version and self.weights_ref is None and self.policy_version == 0:
                 ray.get(worker.serve.remote(), timeout=self.timeout_s)  # version 0: its initial weights are current
@@ -120,6 +125,11 @@ class FleetLearner:
                     self.broadcast.invalidate()
                 ray.get(worker.load_weights.remote(self.weights_ref, self.policy_version), timeout=self.timeout_s)
                 self.worker_reloads += 1
+
+    def live_workers(self) -> int:
+        """Rollout workers that answered the last fleet check (all of them before the first): a step's requests
+        are cut into this many chunks, so a restarting worker's share goes to the others."""
+        return max(1, len(self.workers) - len(self.unavailable))
 
     def save(self, directory: str) -> None:
         """The learner group's files, and the tokenizer beside the policy in Hugging Face format."""
@@ -178,7 +188,7 @@ def _weight_broadcast(cfg: Config, learners, workers):
     return WeightBroadcast(learners, workers, cfg.rollout, "nccl" if gpus else "gloo", cfg.learner.timeout_s)
 
 
-def state_bytes_estimate(fleet: dict) -> int:
+def state_bytes_estimate(fleet: FleetHandles) -> int:
     """The first checkpoint's size, before there is one to measure: the policy's and V's model files."""
-    models = (fleet.get("policy_path"), fleet.get("value_path") if fleet.get("scorer") is not None else None)
+    models = (fleet.policy_path, fleet.value_path if fleet.scorer is not None else None)
     return ckpt.state_bytes_estimate([p for p in models if p])

@@ -3,7 +3,10 @@
 It serves the request stream in a background thread with a generation engine (HF on CPU, vLLM on GPU) and
 takes versioned weights from the learner between steps. All logic is in `services.streams.workers.RolloutService`.
 
-Ray restarts a worker whose process dies (or whose node is lost). The restarted worker holds the initial
+Ray restarts a worker whose process dies (or whose node is lost). A worker whose engine dies (vLLM's engine
+process on GPU: out of memory, an NCCL abort) ends its own process, engine processes included, so that Ray
+restarts it with a fresh engine (`actors.engine_processes`); a worker killed outright leaves its engine's
+processes behind, and its next incarnation ends them before it builds its engine (they hold the GPU's memory). The restarted worker holds the initial
 weights (version 0) and takes no request until the coordinator, which checks the fleet's versions while it
 waits for a step's samples, gives it the current weights (or, at version 0, tells it to serve): a request it
 took and handed back would count as a delivery each time, and be dead-lettered after `redis.max_deliveries`
@@ -20,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from actors.engine_processes import end_process, reap_engine_processes, record_engine_processes
 from actors.runtime import init_actor_process
 
 if TYPE_CHECKING:
@@ -38,27 +42,34 @@ def _restarted() -> bool:
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class RolloutWorker:
     def __init__(self, cfg: RolloutConfig, redis: RedisConfig, run: RunConfig, model: ModelConfig, redis_url: str,
-                 worker_id: int):
+                 worker_id: int, max_model_len: int | None = None):
         """cfg: the `rollout` section; redis: the `redis` section (queue settings); run: the `run` section (name,
-        seed); model: the `model` section with `path` the local policy directory to load."""
+        seed); model: the `model` section with `path` the local policy directory to load; max_model_len: vLLM's
+        context length (prompt + response, `pcl.engines.max_model_len`)."""
         init_actor_process(cfg.threads)
+        self.name = name = f"rollout-{worker_id}"
+        reap_engine_processes(run.name, name)  # an engine process its previous incarnation left (killed actor)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's start-up INFO lines, once per worker
         from pcl.engines import make_engine
         from pcl.engines.pinned import PinnedEngine
         from services.redis_server import make_client
         from services.streams.topology import open_role
+        from pcl.engines.base import engine_dead
         from services.streams.workers import RolloutService, serve_forever
 
         device = "cuda" if cfg.num_gpus_per_worker > 0 else "cpu"
+        extra = {"max_model_len": max_model_len} if cfg.engine == "vllm" else {}
         # Built, generating and loading weights on one thread: one OpenMP team (see pcl.engines.pinned).
         engine = PinnedEngine(lambda: make_engine(cfg, model.path, run.seed + 1000 * worker_id, dtype=model.dtype,
-                                                  device=device))
-        name = f"rollout-{worker_id}"
+                                                  device=device, **extra))
+        record_engine_processes(run.name, name)
         queues = open_role(make_client(redis_url), run.name, "rollout", name, redis, max_in_flight=cfg.max_in_flight)
         requests, results = queues["rollout_requests"], queues["rollout_results"]
-        self.service = RolloutService(engine, requests, results, batch_requests=cfg.max_in_flight)
+        self.service = RolloutService(engine, requests, results, batch_requests=cfg.max_in_flight, worker=name)
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=serve_forever, args=(self.service, self.stop, name), daemon=True)
+        self.thread = threading.Thread(target=serve_forever, args=(self.service, self.stop, name), daemon=True,
+                                       kwargs={"fatal": lambda exc: engine_dead(exc) or not engine.alive(),
+                                               "on_fatal": end_process})
         if not _restarted():
             self.thread.start()  # a restarted worker starts serving when it is given weights (`serve`)
 

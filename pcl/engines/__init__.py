@@ -12,7 +12,15 @@ from typing import Any
 
 from pcl.engines.base import Engine, FinishReason, Generation, NamedTensors, SamplingParams
 
-__all__ = ["Engine", "FinishReason", "Generation", "NamedTensors", "SamplingParams", "make_engine"]
+__all__ = ["Engine", "FinishReason", "Generation", "NamedTensors", "SamplingParams", "make_engine", "max_model_len"]
+
+
+def max_model_len(cfg) -> int:
+    """vLLM's context length for a run (`pcl.config.Config`): the longest prompt kept (data.max_prompt_tokens) and
+    the longest response asked for, training's (rollout.max_new_tokens) or the evaluations' that go through the
+    same fleet (evaluation.max_new_tokens). Without it vLLM sizes for the model's own context (32k-128k)."""
+    evaluation = cfg.evaluation.max_new_tokens or cfg.rollout.max_new_tokens
+    return cfg.data.max_prompt_tokens + max(cfg.rollout.max_new_tokens, evaluation)
 
 
 def make_engine(rollout_cfg, model_path: str, seed: int, *, dtype: str | None = None,

@@ -38,9 +38,9 @@ class SamplingParams:
     """How to sample: the same meaning in every engine.
 
     temperature == 0 means greedy decoding; top_k == -1 (or 0) disables top-k; top_p == 1 disables
-    nucleus sampling. `seed` fixes the samples of one `generate` call; when None the engine derives a
-    seed from its own seed and a call counter, so a freshly built engine with the same seed replays the
-    same calls identically.
+    nucleus sampling. `seed` fixes the samples of one `generate` call; when None the HF engine derives a
+    seed from its own seed and a call counter (a freshly built engine with the same seed replays the same
+    calls identically) and vLLM samples unseeded (seeded requests cost it a kernel launch per sequence).
     """
 
     n: int = 1  # samples per prompt
@@ -93,13 +93,33 @@ class Generation:
     finish_reason: FinishReason  # "stop": the model produced EOS; "length": max_new_tokens reached
     num_tokens: int  # len(token_ids)
     policy_version: int = 0  # version of the weights that generated it
-    logprobs: list[float] | None = None  # log pi(token) of each of token_ids, where the engine reports them (vLLM)
+    logprobs: list[float] | None = None  # log pi(token) of each of token_ids (raw logits' log-softmax; both engines)
+
+
+class EngineDead(RuntimeError):
+    """The engine can serve nothing more (its process is gone): its owner must be replaced, not retried."""
+
+
+def engine_dead(exc: BaseException) -> bool:
+    """Whether `exc` (or an exception it was raised from) says the engine died: EngineDead, or vLLM's
+    EngineDeadError (matched by name, so vllm need not be importable)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, EngineDead) or type(exc).__name__ == "EngineDeadError":
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 class Engine(abc.ABC):
     """A policy that generates responses and accepts new weights in place."""
 
     _policy_version: int = 0
+
+    def alive(self) -> bool:
+        """False once the engine cannot serve any more (its process died); in-process engines stay alive."""
+        return True
 
     @abc.abstractmethod
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Generation]]:

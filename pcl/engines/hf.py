@@ -118,7 +118,8 @@ class HFEngine(Engine):
             pad_token_id=self.pad_token_id,
             use_cache=True,
             output_scores=False,
-            return_dict_in_generate=False,
+            output_logits=True,  # the raw logits of each step: the sampled tokens' log-probabilities
+            return_dict_in_generate=True,
         )
 
     # -----------------------------------------------------------------------------------------------------
@@ -132,7 +133,7 @@ class HFEngine(Engine):
         generation_config = self._generation_config(params)
         # Sequence s is sample s % n of prompt s // n; a micro-batch holds whole prompts (n samples each).
         prompts_per_batch = max(1, self.max_batch_size // params.n)
-        responses: list[list[int]] = []
+        responses: list[tuple[list[int], list[float]]] = []
         rng_devices = []
         if self.device.type == "cuda":
             index = self.device.index
@@ -144,8 +145,11 @@ class HFEngine(Engine):
                 responses.extend(self._generate_batch(batch, params.n, generation_config))
         return self._to_generations(responses, params)
 
-    def _generate_batch(self, prompts: list[list[int]], n: int, generation_config) -> list[list[int]]:
-        """Response token ids for n samples of each prompt (prompt-major), cut after the first EOS."""
+    def _generate_batch(self, prompts: list[list[int]], n: int,
+                        generation_config) -> list[tuple[list[int], list[float]]]:
+        """(response token ids, their log-probabilities) for n samples of each prompt (prompt-major), cut after the
+        first EOS. A log-probability is log softmax of the raw logits (before temperature / top-k / top-p), as
+        vLLM reports it with logprobs=0."""
         input_ids, attention_mask = left_pad(prompts, self.pad_token_id)  # [P, W] each
         input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         width = input_ids.shape[1]
@@ -157,12 +161,16 @@ class HFEngine(Engine):
             attention_mask=attention_mask.repeat_interleave(n, dim=0),
             generation_config=generation_config,
             **shared,
-        )  # [P * n, W + T], T <= max_new_tokens; rows that stopped early are padded after their EOS
+        )  # sequences [P * n, W + T], T <= max_new_tokens; rows that stopped early are padded after their EOS
+        generated = output.sequences[:, width:]
+        logits = torch.stack(output.logits, dim=1).float()  # [P * n, T, V]
+        logprobs = logits.log_softmax(-1).gather(-1, generated.unsqueeze(-1)).squeeze(-1)  # [P * n, T]
         eos = set(self.eos_token_ids)
         responses = []
-        for row in output[:, width:].tolist():
+        for row, row_logprobs in zip(generated.tolist(), logprobs.tolist()):
             stop = next((index for index, token in enumerate(row) if token in eos), None)
-            responses.append(row if stop is None else row[:stop + 1])
+            end = len(row) if stop is None else stop + 1
+            responses.append((row[:end], row_logprobs[:end]))
         return responses
 
     def _prefill_once(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int):
@@ -179,11 +187,12 @@ class HFEngine(Engine):
         cache.batch_repeat_interleave(n)
         return cache
 
-    def _to_generations(self, responses: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
-        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+    def _to_generations(self, responses: list[tuple[list[int], list[float]]],
+                        params: SamplingParams) -> list[list[Generation]]:
+        texts = self.tokenizer.batch_decode([tokens for tokens, _ in responses], skip_special_tokens=True)
         eos = set(self.eos_token_ids)
         groups: list[list[Generation]] = [[] for _ in range(len(responses) // params.n)]
-        for index, (tokens, text) in enumerate(zip(responses, texts)):
+        for index, ((tokens, logprobs), text) in enumerate(zip(responses, texts)):
             stopped = bool(tokens) and tokens[-1] in eos
             groups[index // params.n].append(Generation(
                 prompt_index=index // params.n,
@@ -193,6 +202,7 @@ class HFEngine(Engine):
                 finish_reason="stop" if stopped else "length",
                 num_tokens=len(tokens),
                 policy_version=self._policy_version,
+                logprobs=logprobs,
             ))
         return groups
 

@@ -39,6 +39,7 @@ import torch
 
 from pcl.engines.base import (
     Engine,
+    EngineDead,
     Generation,
     NamedTensors,
     SamplingParams,
@@ -158,7 +159,8 @@ class VLLMEngine(Engine):
         gpu_memory_utilization: fraction of each GPU vLLM may take (weights + KV cache); on CPU the KV cache
             is `kv_cache_memory_bytes` instead (CPU_KV_CACHE_BYTES unless given in llm_kwargs).
         dtype: "auto", "bfloat16", "float16" or "float32".
-        seed: base seed; call k without `SamplingParams.seed` samples prompt i with derive_seed(seed, k, i).
+        seed: the engine's seed; a call with `SamplingParams.seed` s samples prompt i with derive_seed(s, i),
+            one without it is unseeded (vLLM's own generator: batched sampling, not reproducible).
         max_model_len: context length (prompt + response); the model's when None.
         update_chunk_bytes: size of one weight-update message.
         llm_kwargs: further `vllm.LLM` arguments (enforce_eager, enable_prefix_caching, ...).
@@ -219,14 +221,29 @@ class VLLMEngine(Engine):
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Generation]]:
         llm = self._serving("generate")
         check_prompts(prompt_token_ids, self.vocab_size)  # by name, before vLLM sees them
-        call_seed = params.seed if params.seed is not None else derive_seed(self._seed, self._calls)
         self._calls += 1
-        # One seed per prompt: a single seed shared by all prompts would correlate their samples.
-        requests = [self._sampling_params(params, derive_seed(call_seed, index))
-                    for index in range(len(prompt_token_ids))]
+        # Seeds only when asked (rollout.deterministic): a seeded request carries its own generator, and vLLM's
+        # sampler then draws for it alone, one kernel launch per sequence per decode step. One seed per prompt:
+        # a single seed shared by all prompts would correlate their samples.
+        seeds = [None] * len(prompt_token_ids) if params.seed is None else [
+            derive_seed(params.seed, index) for index in range(len(prompt_token_ids))]
+        requests = [self._sampling_params(params, seed) for seed in seeds]
         prompts = [{"prompt_token_ids": list(prompt)} for prompt in prompt_token_ids]  # vllm TokensPrompt
-        outputs = llm.generate(prompts, requests, use_tqdm=False)
+        try:
+            outputs = llm.generate(prompts, requests, use_tqdm=False)
+        except Exception as exc:
+            if not self.alive():
+                raise EngineDead(f"vLLM's engine process died: {exc!r}") from exc
+            raise
         return [self._to_generations(index, output) for index, output in enumerate(outputs)]
+
+    def alive(self) -> bool:
+        """False once vLLM's engine core (its own process on GPU) has died: vLLM's monitor marks it dead."""
+        llm = self._llm
+        if llm is None:
+            return False
+        resources = getattr(getattr(llm.llm_engine, "engine_core", None), "resources", None)
+        return not getattr(resources, "engine_dead", False)
 
     def _serving(self, what: str):
         """The LLM, if it may serve: not closed, and not left with partly loaded weights by a failed update."""
@@ -239,7 +256,7 @@ class VLLMEngine(Engine):
             torch.set_num_threads(self._cpu_threads)  # OpenMP's thread count is per calling thread
         return self._llm
 
-    def _sampling_params(self, params: SamplingParams, seed: int):
+    def _sampling_params(self, params: SamplingParams, seed: int | None):
         return self._vllm.SamplingParams(
             n=params.n,
             temperature=params.temperature,
@@ -248,7 +265,9 @@ class VLLMEngine(Engine):
             max_tokens=params.max_new_tokens,
             seed=seed,
             skip_special_tokens=True,
-            logprobs=0,  # the sampled token's log-probability (raw: before temperature / top-k / top-p)
+            # The sampled token's log-probability (raw: before temperature / top-k / top-p), always asked for: it
+            # travels with the sample (RolloutResult.logprobs) and the learner measures its on-policy gap with it.
+            logprobs=0,
         )
 
     def _to_generations(self, prompt_index: int, request_output) -> list[Generation]:

@@ -32,6 +32,7 @@ class Sample:
     response_token_ids: tuple[int, ...]  # the generation, EOS included when it stopped
     reward: float  # verified reward in {0, 1}; 0 for truncated responses
     finish_reason: str  # "stop" or "length"
+    response_logprobs: tuple[float, ...] | None = None  # the engine's log pi of each response token, if reported
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,8 @@ def group_samples(samples: Sequence[Sample], prompt_ids: Sequence[str], n: int) 
 def training_sequences(groups: Groups) -> list[dict]:
     """The learner's input: one dict per sample with a non-zero advantage (algorithm step 6).
 
-    Each dict has `prompt_token_ids`, `response_token_ids` (lists of int) and `advantage` (float).
+    Each dict has `prompt_token_ids`, `response_token_ids` (lists of int) and `advantage` (float), and
+    `response_logprobs` (list of float: the engine's, for the learner's on-policy gap) when the engine reported them.
     """
     if groups.rewards.size == 0:
         return []
@@ -80,11 +82,14 @@ def training_sequences(groups: Groups) -> list[dict]:
     for row, adv_row in zip(groups.samples, advantages):
         for sample, adv in zip(row, adv_row):
             if abs(adv) > 1e-9 and sample.response_token_ids:
-                out.append({
+                sequence = {
                     "prompt_token_ids": list(sample.prompt_token_ids),
                     "response_token_ids": list(sample.response_token_ids),
                     "advantage": float(adv),
-                })
+                }
+                if sample.response_logprobs is not None:
+                    sequence["response_logprobs"] = list(sample.response_logprobs)
+                out.append(sequence)
     return out
 
 

@@ -12,7 +12,8 @@ Counted, per GPU of each role:
   copy (value.score_dtype, whole on every rank; none for one float32 rank) and, sharded, float32 gathered layers;
 - rollout worker GPU (vLLM): its gpu_memory_utilization share, holding the model.dtype weights over
   tensor_parallel_size GPUs and the KV cache in the rest, which must hold one max-length sequence
-  (data.max_prompt_tokens + rollout.max_new_tokens) and is reported in such sequences.
+  (pcl.engines.max_model_len: data.max_prompt_tokens + the larger of rollout.max_new_tokens and
+  evaluation.max_new_tokens, the context vLLM is started with) and is reported in such sequences.
 Not counted: activations, the CUDA context and allocator fragmentation; `cluster.headroom` of every learner and
 value GPU is kept for them. GB here are 10^9 bytes.
 """
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pcl.config import ClusterConfig, Config
+from pcl.engines import max_model_len
 
 GB = 1e9
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -181,7 +183,7 @@ def _rollout(cfg: Config, shape: ModelShape, gpu: float) -> tuple[Role, int]:
     budget = r.gpu_memory_utilization * gpu
     weights = dtype * shape.policy_params / tp
     kv = max(0.0, budget - weights)
-    max_len = cfg.data.max_prompt_tokens + r.max_new_tokens
+    max_len = max_model_len(cfg)  # the context the rollout worker starts vLLM with
     sequences = int(kv * tp // (shape.kv_bytes_per_token(dtype) * max_len))
     role = Role("rollout (vLLM)", r.num_workers, r.num_gpus_per_worker, {"weights": weights, "KV cache": kv}, budget)
     return role, sequences
@@ -227,7 +229,7 @@ def plan_run(cfg: Config, cluster: ClusterConfig | None = None) -> Plan:
     rollout, sequences = _rollout(cfg, policy, gpu)
     plan.roles.append(rollout)
     plan.notes.append(f"each rollout worker's KV cache holds {sequences} sequences of "
-                      f"{cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens} tokens")
+                      f"{max_model_len(cfg)} tokens")
     if sequences < 1:
         plan.shortfalls.append(f"rollout on {cfg.rollout.tensor_parallel_size} x {cluster.gpu_memory_gb:g} GB: "
                                f"the {rollout.parts['weights'] / GB:.1f} GB of weights per GPU leave no KV cache "

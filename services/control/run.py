@@ -1,6 +1,6 @@
 """The coordinator's side of the control state: applied at step boundaries, published after each step.
 
-    control = RunControl.for_coordinator(cfg, fleet)          # in the coordinator's __init__
+    control = RunControl.for_coordinator(cfg, redis_url, health)   # in the coordinator's __init__
     ...
     paused_s = control.at_step_boundary(step, strategy)       # before each step: tau / k, pause (blocks)
     record = train_step(step)
@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import redis
 
@@ -29,51 +29,20 @@ from services.control.metrics import observation_increments
 log = logging.getLogger(__name__)
 
 
-def fleet_actors(fleet: dict) -> dict[str, Any]:
-    """Named actor handles of a fleet dict (entrypoints.fleet.start_fleet's handles), for health checks."""
-    actors = {"sampler": fleet.get("sampler"), "scorer": fleet.get("scorer")}
-    learners = fleet.get("learners")
-    actors.update({f"learner-{i}": rank for i, rank in enumerate(getattr(learners, "ranks", []))})
-    actors.update({f"rollout-{i}": w for i, w in enumerate(fleet.get("rollout_workers", []))})
-    actors.update({f"verifier-{i}": v for i, v in enumerate(fleet.get("verifiers", []))})
-    return {name: handle for name, handle in actors.items() if handle is not None}
-
-
-def actor_health(actors: dict[str, Any], timeout_s: float = 2.0) -> dict[str, str]:
-    """Per actor: 'ok', 'stopped' (serving loop ended), 'unresponsive' (no answer in timeout_s), 'dead'."""
-    import ray
-
-    health: dict[str, str] = {}
-    refs = {}
-    for name, handle in actors.items():
-        try:
-            refs[name] = handle.ping.remote()
-        except Exception:  # noqa: BLE001 - a handle that cannot take a call is as good as dead
-            health[name] = "dead"
-    ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)[0]) if refs else set()
-    for name, ref in refs.items():
-        if ref not in ready:
-            health[name] = "unresponsive"
-            continue
-        try:
-            health[name] = "ok" if ray.get(ref) else "stopped"
-        except Exception:  # noqa: BLE001 - RayActorError and friends
-            health[name] = "dead"
-    return health
-
-
 class RunControl:
     """Applies the control state to a running coordinator, and publishes what it does."""
 
     def __init__(
         self,
         store: ControlStore,
-        actors: dict[str, Any] | None = None,
+        health: Callable[[], dict[str, str]] | None = None,
         steps_total: int | None = None,
         poll_s: float = 0.25,
         heartbeat_s: float = 5.0,
     ):
-        self.store, self.actors, self.poll_s = store, actors or {}, poll_s
+        """health(): each actor's state by name ('ok', 'stopped', 'unresponsive', 'dead'), published with the
+        status after each step; the actor layer provides it (`actors.handles.FleetHandles.health`)."""
+        self.store, self.health, self.poll_s = store, health, poll_s
         self.status: dict[str, Any] = {
             "run": store.run,
             "state": "running",
@@ -94,12 +63,12 @@ class RunControl:
         self._heartbeat.start()
 
     @classmethod
-    def for_coordinator(cls, cfg, fleet: dict) -> "RunControl":
+    def for_coordinator(cls, cfg, redis_url: str, health: Callable[[], dict[str, str]] | None = None) -> "RunControl":
         """The control of the run `cfg` describes, on the fleet's Redis."""
         from services.redis_server import make_client
 
-        store = ControlStore(make_client(fleet["redis_url"], decode_responses=True), cfg.run.name)
-        return cls(store, fleet_actors(fleet), steps_total=cfg.run.steps)
+        store = ControlStore(make_client(redis_url, decode_responses=True), cfg.run.name)
+        return cls(store, health, steps_total=cfg.run.steps)
 
     # -- step boundaries -------------------------------------------------------------------------------------
 
@@ -141,8 +110,8 @@ class RunControl:
                 k: v for k, v in record.items() if isinstance(v, (int, float, type(None)))
             }
             increments = observation_increments(record, self.counted)
-            if self.actors:
-                self.status["actors"] = actor_health(self.actors)
+            if self.health is not None:
+                self.status["actors"] = self.health()
 
         def write() -> None:
             self.store.add_history(record)

@@ -17,7 +17,8 @@ be turned into exactly-once collection (see `services.streams.collector.StepColl
     records = decode_entry(entry)
 
 Token ids are packed little-endian uint32 bytes (`pack_tokens` / `unpack_tokens`), never JSON lists: a
-2,048-token sample is 8 KiB on the wire and decodes with one `numpy.frombuffer`.
+2,048-token sample is 8 KiB on the wire and decodes with one `numpy.frombuffer`. The engine's log-probability of each
+sampled token travels the same way, packed little-endian float32 (`pack_logprobs` / `unpack_logprobs`).
 
 Wire format (version 3): every entry is one MessagePack array `[version, tag, layout, body]`, so any
 MessagePack reader can open it. Its first four bytes are fixed (0x94, then three small integers) and are
@@ -42,6 +43,7 @@ import numpy as np
 
 WIRE_VERSION = 3  # 3: MessagePack [version, tag, layout, body]; 2 was a hand-packed struct layout
 TOKEN_DTYPE = np.dtype("<u4")  # vocabularies of Qwen3 / Llama (150k+) need more than 16 bits
+LOGPROB_DTYPE = np.dtype("<f4")  # a sampled token's log-probability as the engine reported it
 
 
 class PayloadError(ValueError):
@@ -74,6 +76,18 @@ def unpack_tokens(packed: bytes) -> np.ndarray:
     if len(packed) % TOKEN_DTYPE.itemsize:
         raise PayloadError(f"packed token ids have {len(packed)} bytes, not a multiple of {TOKEN_DTYPE.itemsize}")
     return np.frombuffer(packed, dtype=TOKEN_DTYPE)
+
+
+def pack_logprobs(logprobs: Sequence[float] | np.ndarray) -> bytes:
+    """Log-probabilities -> little-endian float32 bytes (4 bytes per token, like pack_tokens)."""
+    return np.asarray(logprobs, dtype=LOGPROB_DTYPE).reshape(-1).tobytes()
+
+
+def unpack_logprobs(packed: bytes) -> np.ndarray:
+    """Packed bytes -> read-only float32 array of shape [num_tokens] (a view, no copy)."""
+    if len(packed) % LOGPROB_DTYPE.itemsize:
+        raise PayloadError(f"packed log-probabilities have {len(packed)} bytes, not a multiple of 4")
+    return np.frombuffer(packed, dtype=LOGPROB_DTYPE)
 
 
 def _check_packed(name: str, packed: bytes) -> None:
@@ -153,10 +167,17 @@ class RolloutResult(_Wire):
     text: str  # the decoded response, what the verifier reads
     finish_reason: str  # "stop" (end of sequence) or "length" (hit max_new_tokens)
     generation_seconds: float  # wall time the engine spent on this request, per sample share
+    worker: str = ""  # the rollout worker that generated it ("rollout-0", ...): the fleet's balance per step
+    # log pi_engine of each response token, packed little-endian float32 (pack_logprobs); b"" when not reported
+    logprobs: bytes = b""
 
     def __post_init__(self) -> None:
         _check_packed("prompt_token_ids", self.prompt_token_ids)
         _check_packed("token_ids", self.token_ids)
+        if not isinstance(self.logprobs, bytes) or (self.logprobs and len(self.logprobs) != len(self.token_ids)):
+            raise PayloadError(f"{type(self).__name__} for prompt {self.prompt_id!r}: logprobs must be b\"\" or one "
+                               f"packed float32 per response token ({len(self.token_ids) // 4}), got "
+                               f"{len(self.logprobs) if isinstance(self.logprobs, bytes) else '?'} bytes")
         _check_text(self, ("run", "prompt_id", "text", "finish_reason"))
         if self.step < 0 or self.sample_index < 0 or self.policy_version < 0:
             raise PayloadError(f"{type(self).__name__} for prompt {self.prompt_id!r}: step ({self.step}), "
@@ -171,9 +192,10 @@ class RolloutResult(_Wire):
 class RewardRecord(RolloutResult):
     """A verified sample: the result and its reward (verifiers -> coordinator)."""
 
-    reward: float  # 1.0 if math-verify accepts the answer, else 0.0 (also for truncation and timeouts)
-    verifier_seconds: float  # wall time math-verify spent on the sample
-    timed_out: bool  # the verifier hit its hard per-sample timeout (reward is then 0)
+    # Defaults only because the result's last fields have them (msgspec); from_result / from_note set all four.
+    reward: float = 0.0  # 1.0 if math-verify accepts the answer, else 0.0 (also for truncation and timeouts)
+    verifier_seconds: float = 0.0  # wall time math-verify spent on the sample
+    timed_out: bool = False  # the verifier hit its hard per-sample timeout (reward is then 0)
     verifier_error: bool = False  # the verifier could not score it (a worker error, twice): reward 0, not a verdict
 
     @classmethod

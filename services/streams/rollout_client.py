@@ -1,7 +1,8 @@
 """The coordinator's client of the rollout fleet, and the run's gold answers in Redis.
 
 `RolloutClient.generate` is how the coordinator turns prompts into verified samples: it puts one
-`RolloutRequest` per prompt on the request stream, collects exactly one `RewardNote` per (prompt, sample
+`RolloutRequest` per prompt on the request stream, in one chunk (stream entry) per live rollout worker so that
+every worker generates its share (`request_chunks`), collects exactly one `RewardNote` per (prompt, sample
 index) from the reward stream and joins each with the result it points at (read back from the results
 stream) into a `RewardRecord`, then trims the streams (the step is committed).
 """
@@ -13,12 +14,14 @@ import json
 import logging
 import time
 from collections import Counter
+from typing import Callable
 
 import msgspec
 
 from pcl.loop.batch import Sample
 from pcl.config import Config
-from services.streams.payloads import TOKEN_DTYPE, RolloutRequest, SamplingParams, pack_tokens, unpack_tokens
+from services.streams.payloads import (TOKEN_DTYPE, RolloutRequest, SamplingParams, pack_tokens, unpack_logprobs,
+                                      unpack_tokens)
 from services.streams.collector import StepCollector
 from services.streams.topology import STREAMS, open_role, stream_key
 
@@ -30,6 +33,22 @@ def request_seed(seed: int, run: str, step: int, prompt_id: str, first_index: in
     """The sampling seed of one request under rollout.deterministic: a pure function of its key."""
     digest = hashlib.blake2b(f"{seed}|{run}|{step}|{prompt_id}|{first_index}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "little")
+
+
+def request_chunks(requests: list[RolloutRequest], workers: int, max_in_flight: int) -> list[list[RolloutRequest]]:
+    """A step's requests cut into stream entries, one chunk each: as many chunks as workers (each worker takes one
+    entry per read, so every worker gets a share), more when a chunk would exceed max_in_flight requests; chunk
+    sizes differ by one at most."""
+    if not requests:
+        return []
+    count = min(len(requests), max(workers, 1, -(-len(requests) // max_in_flight)))
+    size, extra = divmod(len(requests), count)
+    chunks, start = [], 0
+    for index in range(count):
+        end = start + size + (index < extra)
+        chunks.append(requests[start:end])
+        start = end
+    return chunks
 
 
 class TooManyVerifierErrors(RuntimeError):
@@ -49,10 +68,15 @@ def check_verifier_errors(step: int, errors: int, total: int, max_share: float) 
 class RolloutClient:
     """The coordinator's side of the streams: it writes requests, takes reward notes and reads results back."""
 
-    def __init__(self, cfg: Config, redis_url: str):
+    def __init__(self, cfg: Config, redis_url: str, live_workers: Callable[[], int] | None = None):
+        """live_workers(): how many rollout workers serve now (a step's requests are cut into that many chunks);
+        rollout.num_workers when not given."""
         from services.redis_server import make_client
 
         self.cfg, self.run = cfg, cfg.run.name
+        self.live_workers = live_workers or (lambda: cfg.rollout.num_workers)
+        self.by_worker: Counter[str] = Counter()  # samples of the current step by the worker that generated them
+        self._by_worker_step: int | None = None
         queues = open_role(make_client(redis_url), self.run, "coordinator", "coordinator", cfg.redis)
         self.requests, self.results, self.rewards = (queues[name] for name in
                                                      ("rollout_requests", "rollout_results", "rewards"))
@@ -94,8 +118,9 @@ class RolloutClient:
             seed = request_seed(self.cfg.run.seed, run, step, prompt_id, first)
             return msgspec.structs.replace(sampling, seed=seed)
 
-        self.requests.put([RolloutRequest(run, step, p.id, pack_tokens(p.prompt_token_ids), n, policy_version,
-                                          params(p.id, first), first) for p, n, first in rollouts])
+        requests = [RolloutRequest(run, step, p.id, pack_tokens(p.prompt_token_ids), n, policy_version,
+                                   params(p.id, first), first) for p, n, first in rollouts]
+        self.requests.put(request_chunks(requests, self.live_workers(), r.max_in_flight))
         collector = StepCollector(run, step, policy_version,
                                   {(p.id, first + j) for p, n, first in rollouts for j in range(n)},
                                   resolve=self.results.join)
@@ -121,10 +146,15 @@ class RolloutClient:
         self.totals.update(samples_total=len(batch), generated_tokens_total=tokens, verifier_errors_total=errors,
                            verifier_timeouts_total=sum(bool(rec.timed_out) for rec in batch))
         check_verifier_errors(step, errors, len(batch), self.cfg.verifier.max_error_share)
+        if not tag:  # the step's own samples (all its rounds and V's probe), not evaluations
+            if self._by_worker_step != step:
+                self.by_worker, self._by_worker_step = Counter(), step
+            self.by_worker.update(rec.worker or "?" for rec in batch)
         for queue in (self.requests, self.results, self.rewards):  # the batch is complete: trim its records
             queue.trim_committed()
         return [Sample(rec.prompt_id, rec.sample_index, tuple(unpack_tokens(rec.prompt_token_ids).tolist()),
-                       tuple(unpack_tokens(rec.token_ids).tolist()), float(rec.reward), rec.finish_reason)
+                       tuple(unpack_tokens(rec.token_ids).tolist()), float(rec.reward), rec.finish_reason,
+                       tuple(unpack_logprobs(rec.logprobs).tolist()) if rec.logprobs else None)
                 for rec in batch]
 
     def counters(self) -> dict[str, int]:
@@ -134,6 +164,7 @@ class RolloutClient:
         out["dead_letters"] = sum(q.dead_letter_count() for q in (self.requests, self.results, self.rewards))
         out.update({key: int(self.totals[key]) for key in ("samples_total", "generated_tokens_total",
                                                              "verifier_timeouts_total", "verifier_errors_total")})
+        out["rollout_samples_by_worker"] = dict(sorted(self.by_worker.items()))  # the last step's
         return out
 
 

@@ -17,13 +17,14 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from pcl.engines.base import SamplingParams as EngineSampling
 from pcl.reward.verdict import TRUNCATED_REWARD, is_truncated
 from services.streams.backoff import Backoff, FailureLog
-from services.streams.payloads import RewardNote, RolloutRequest, RolloutResult, pack_tokens, unpack_tokens
-from services.streams.queues import Delivery, WorkQueue
+from services.streams.payloads import (RewardNote, RolloutRequest, RolloutResult, pack_logprobs, pack_tokens,
+                                      unpack_tokens)
+from services.streams.queues import WorkQueue
 
 log = logging.getLogger(__name__)
 RETRY_BASE_S, RETRY_CAP_S = 0.1, 30.0  # a failing serving loop waits 0.1, 0.2, 0.4, ... 30 s between passes
@@ -31,11 +32,19 @@ LOG_EVERY_S = 60.0  # while it keeps failing, one summary line per minute after 
 
 
 class RolloutService:
-    """Generates the n samples of each request with the engine's current weights."""
+    """Generates the n samples of each request with the engine's current weights.
 
-    def __init__(self, engine, requests: WorkQueue, results: WorkQueue, batch_requests: int = 64):
+    A request entry holds one request or a chunk of them (`RolloutClient` writes a step's requests as one chunk
+    per live worker); a worker takes `entries_per_read` entries per pass (one by default), so no worker takes
+    more than its chunk while another waits (docs/queues.md, "A balanced fleet"). Results name the worker
+    (`worker`) and carry the engine's log-probabilities of the sampled tokens (`logprobs`) when it reports them.
+    """
+
+    def __init__(self, engine, requests: WorkQueue, results: WorkQueue, batch_requests: int = 64,
+                 worker: str = "", entries_per_read: int = 1):
         self.engine, self.requests, self.results = engine, requests, results
-        self.batch_requests = batch_requests
+        self.batch_requests = batch_requests  # requests per engine call, at most
+        self.worker, self.entries_per_read = worker, entries_per_read
         self.lock = threading.Lock()  # generation and weight loads never overlap
         self.counts: Counter[str] = Counter()
 
@@ -48,57 +57,57 @@ class RolloutService:
             return self.engine.load_weights(weights, version)
 
     def serve_once(self, block_ms: int | None = None) -> int:
-        """Serve one batch of requests; returns the number of samples produced."""
-        deliveries = self.requests.take(self.batch_requests, block_ms=block_ms)
+        """Serve one read of request entries; returns the number of samples produced."""
+        deliveries = self.requests.take(self.entries_per_read, block_ms=block_ms)
         if not deliveries:
             return 0
         with self.lock:
             version = self.engine.policy_version
-            stale = [d for d in deliveries if d.record.policy_version < version]
-            ahead = [d for d in deliveries if d.record.policy_version > version or version < 0]
-            ready = [d for d in deliveries if d.record.policy_version == version and version >= 0]
+            entry_version = {d.id: d.records[0].policy_version for d in deliveries}  # a chunk has one version
+            stale = [d for d in deliveries if entry_version[d.id] < version]
+            ahead = [d for d in deliveries if entry_version[d.id] > version or version < 0]
+            ready = [d for d in deliveries if entry_version[d.id] == version and version >= 0]
             if stale:
                 self.requests.ack(stale)
-                self.counts["stale_requests"] += len(stale)
+                self.counts["stale_requests"] += sum(len(d.records) for d in stale)
             if ahead:
                 self.requests.release(ahead)
-                self.counts["requests_ahead_of_weights"] += len(ahead)
-            produced = 0
-            for group in _by_sampling(ready):
-                produced += self._generate(group, version)
+                self.counts["requests_ahead_of_weights"] += sum(len(d.records) for d in ahead)
+            if not ready:
+                return 0
+            groups: list[list[RolloutResult]] = []
+            for batch in _by_sampling([r for d in ready for r in d.records], self.batch_requests):
+                groups += self._generate(batch, version)
+            self.requests.forward(ready, self.results, groups)  # every result of the read with its acks, at once
+        produced = sum(len(group) for group in groups)
+        self.counts["samples"] += produced
         return produced
 
-    def _generate(self, deliveries: list[Delivery], version: int) -> int:
-        reqs: list[RolloutRequest] = [d.record for d in deliveries]
-        s = reqs[0].sampling
-        n = reqs[0].n
+    def _generate(self, reqs: list[RolloutRequest], version: int) -> list[list[RolloutResult]]:
+        """One engine call: the n samples of each request, one group (stream entry) per request."""
+        s, n = reqs[0].sampling, reqs[0].n
         params = EngineSampling(n=n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                                 max_new_tokens=s.max_new_tokens, seed=s.seed)
         start = time.perf_counter()
         outputs = self.engine.generate([unpack_tokens(r.prompt_token_ids).tolist() for r in reqs], params)
         share = (time.perf_counter() - start) / max(1, n * len(reqs))
-        groups = [  # one stream entry per request: its n samples travel together
-            [RolloutResult(run=r.run, step=r.step, prompt_id=r.prompt_id,
-                           sample_index=r.first_index + g.sample_index,
-                           policy_version=version, prompt_token_ids=r.prompt_token_ids,
-                           token_ids=pack_tokens(g.token_ids), text=g.text, finish_reason=g.finish_reason,
-                           generation_seconds=share) for g in gens]
-            for r, gens in zip(reqs, outputs)
-        ]
-        self.requests.forward(deliveries, self.results, groups)
-        records = [rec for group in groups for rec in group]
-        self.counts["samples"] += len(records)
         self.counts["tokens"] += sum(len(g.token_ids) for gens in outputs for g in gens)
-        return len(records)
+        return [[RolloutResult(run=r.run, step=r.step, prompt_id=r.prompt_id,
+                               sample_index=r.first_index + g.sample_index, policy_version=version, prompt_token_ids=r.prompt_token_ids,
+                               token_ids=pack_tokens(g.token_ids), text=g.text, finish_reason=g.finish_reason,
+                               generation_seconds=share, worker=self.worker,
+                               logprobs=b"" if g.logprobs is None else pack_logprobs(g.logprobs))
+                 for g in gens]
+                for r, gens in zip(reqs, outputs)]
 
 
-def _by_sampling(deliveries: list[Delivery]) -> list[list[Delivery]]:
-    """Requests that share sampling parameters and n are generated in one engine call."""
-    groups: dict[Any, list[Delivery]] = {}
-    for d in deliveries:
-        s = d.record.sampling
-        groups.setdefault((d.record.n, s.temperature, s.top_p, s.top_k, s.max_new_tokens, s.seed), []).append(d)
-    return list(groups.values())
+def _by_sampling(requests: list[RolloutRequest], batch: int) -> list[list[RolloutRequest]]:
+    """Requests that share sampling parameters and n are generated in one engine call of at most `batch`."""
+    groups: dict[Any, list[RolloutRequest]] = {}
+    for r in requests:
+        s = r.sampling
+        groups.setdefault((r.n, s.temperature, s.top_p, s.top_k, s.max_new_tokens, s.seed), []).append(r)
+    return [group[i:i + batch] for group in groups.values() for i in range(0, len(group), max(1, batch))]
 
 
 class VerifierService:
@@ -145,10 +154,16 @@ class VerifierService:
 
 
 def serve_forever(service, stop: threading.Event, name: str, idle_block_ms: int = 200,
-                  backoff: Backoff | None = None, log_every_s: float = LOG_EVERY_S) -> None:
+                  backoff: Backoff | None = None, log_every_s: float = LOG_EVERY_S,
+                  fatal: Callable[[BaseException], bool] | None = None,
+                  on_fatal: Callable[[BaseException], None] | None = None) -> None:
     """Run a service's loop until `stop` is set. A failed pass hands its entries back at once (any worker may
     serve them again), then the loop waits with exponential backoff (RETRY_BASE_S doubling up to RETRY_CAP_S,
-    reset by a success); the log holds one traceback per failure streak and a summary line per log_every_s."""
+    reset by a success); the log holds one traceback per failure streak and a summary line per log_every_s.
+
+    A failure that `fatal(exc)` calls fatal (the rollout worker's: its engine died) is not one bad batch: the
+    entries are handed back, `on_fatal(exc)` is called (the actor ends its process, so that Ray restarts it
+    with a fresh engine) and the loop ends."""
     backoff = backoff or Backoff(RETRY_BASE_S, RETRY_CAP_S)
     failures = FailureLog(log, name, every_s=log_every_s)
     while not stop.is_set():
@@ -156,6 +171,12 @@ def serve_forever(service, stop: threading.Event, name: str, idle_block_ms: int 
             service.serve_once(block_ms=idle_block_ms)
         except Exception as exc:  # noqa: BLE001 - a worker must outlive one bad batch; entries are redelivered
             service.release_held()
+            if fatal is not None and fatal(exc):
+                log.error("%s: fatal failure, the worker ends: %r", name, exc)
+                stop.set()
+                if on_fatal is not None:
+                    on_fatal(exc)
+                return
             delay = backoff.next()
             failures.failed(exc, delay)
             stop.wait(delay)

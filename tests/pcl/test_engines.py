@@ -299,3 +299,43 @@ def test_vllm_engine_generates_and_loads_weights(tmp_path):
     for group in engine.generate(prompts, params):
         assert all(g.token_ids == [TINY_EOS_ID] and g.finish_reason == "stop" for g in group)
     engine.close()
+
+
+def test_hf_engine_reports_the_sampled_tokens_logprobs_as_the_learner_computes_them(engine, tiny_model_dir):
+    """Each response token's log-probability (raw logits, as vLLM's logprobs=0) equals the learner's over a forward
+    pass of prompt + response, with the prefill shared by the n samples or not, padded prompts included."""
+    from transformers import AutoModelForCausalLM
+
+    from pcl.rl import token_logprobs
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+    tok = build_tokenizer()
+    prompts = [tok(q, add_special_tokens=False)["input_ids"] for q in QUESTIONS]
+    for share in (True, False):
+        engine.share_prefill = share
+        groups = engine.generate(prompts, SamplingParams(n=3, temperature=1.5, top_k=5, max_new_tokens=6))
+        for prompt, group in zip(prompts, groups):
+            for g in group:
+                assert g.logprobs is not None and len(g.logprobs) == len(g.token_ids) > 0
+                ids = torch.tensor([prompt + g.token_ids])
+                with torch.no_grad():
+                    logits = model(ids).logits.float()
+                expected = token_logprobs(logits[:, :-1], ids[:, 1:])[0, len(prompt) - 1:]
+                assert torch.allclose(torch.tensor(g.logprobs), expected, atol=1e-4), (g.logprobs, expected)
+    engine.share_prefill = True
+
+
+def test_engine_death_is_recognised_through_the_exception_chain():
+    from pcl.engines.base import EngineDead, engine_dead
+
+    class EngineDeadError(Exception):  # vLLM's, matched by name
+        pass
+
+    try:
+        try:
+            raise EngineDeadError("EngineCore encountered an issue")
+        except EngineDeadError as inner:
+            raise RuntimeError("generate failed") from inner
+    except RuntimeError as outer:
+        assert engine_dead(outer)
+    assert engine_dead(EngineDead("gone")) and not engine_dead(RuntimeError("one bad batch"))

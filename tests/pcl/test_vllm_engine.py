@@ -251,3 +251,22 @@ def test_a_shape_vllm_refuses_names_its_reason_and_the_config_keys(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300).stdout
     assert f"REFUSED: vLLM refused the model at {tmp_path} (model.path)" in out, out[-2000:]
     assert "head_dim=16" in out and "rollout.engine=hf" in out, out[-2000:]
+
+
+def test_requests_are_seeded_only_when_asked(engine, prompts, monkeypatch):
+    """Unseeded calls give vLLM unseeded requests (a seeded one is sampled alone, a kernel launch per sequence
+    per step); a seeded call gives each prompt its own seed. Both ask for the sampled tokens' log-probabilities."""
+    seen = []
+    real = engine._llm.generate
+
+    def spy(prompts, params, **kwargs):
+        seen.append([(p.seed, p.logprobs) for p in params])
+        return real(prompts, params, **kwargs)
+
+    monkeypatch.setattr(engine._llm, "generate", spy)
+    engine.generate(prompts, SamplingParams(n=2, max_new_tokens=3))
+    engine.generate(prompts, SamplingParams(n=2, max_new_tokens=3, seed=5))
+    assert seen[0] == [(None, 0)] * len(prompts)
+    seeds = [seed for seed, _ in seen[1]]
+    assert None not in seeds and len(set(seeds)) == len(prompts) and {lp for _, lp in seen[1]} == {0}
+    assert engine.alive()

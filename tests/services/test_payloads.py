@@ -86,10 +86,11 @@ def test_token_ids_travel_as_packed_bytes_not_json():
     result = make_result(tokens=tokens, text="x" * 100)
     data = encode(result)
     assert pack_tokens(tokens) in data  # verbatim, 4 bytes per token
-    # MessagePack [3, tag 2, layout 0, record]: 4 header bytes, then the record as an array of its 10 fields:
-    # a marker byte, strings and bins with their 1 to 3 length bytes, small integers in 1 byte, a float in 9.
-    assert data[:5] == b"\x94\x03\x02\x00\x9a"
-    fields = (1 + 4) + 1 + (1 + 6) + 1 + 1 + (2 + 16) + (3 + 4 * 2048) + (2 + 100) + (1 + 4) + 9
+    # MessagePack [3, tag 2, layout 0, record]: 4 header bytes, then the record as an array of its 12 fields:
+    # a marker byte, strings and bins with their 1 to 3 length bytes, small integers in 1 byte, a float in 9;
+    # the worker's name (empty: 1 byte) and no log-probabilities (an empty bin: 2 bytes).
+    assert data[:5] == b"\x94\x03\x02\x00\x9c"
+    fields = (1 + 4) + 1 + (1 + 6) + 1 + 1 + (2 + 16) + (3 + 4 * 2048) + (2 + 100) + (1 + 4) + 9 + 1 + 2
     assert len(data) == 4 + 1 + fields
 
 
@@ -210,3 +211,20 @@ def test_bad_group_entries_are_rejected():
                                                                             prompt_token_ids=prompt)])
     with pytest.raises(PayloadError, match="carries its own"):  # a shared-prompt group's record with a prompt
         decode_entry(shared.replace(b"\xc4\x00", b"\xc4\x04\x01\x00\x00\x00", 1))
+
+
+def test_logprobs_and_the_worker_travel_with_the_result():
+    """The engine's log-probabilities travel packed, float32 like the token ids (4 bytes each); one per response
+    token or none at all."""
+    from services.streams.payloads import pack_logprobs, unpack_logprobs
+
+    tokens = np.arange(64, dtype=np.uint32)
+    logprobs = -np.linspace(0, 5, 64)
+    result = make_result(tokens=tokens, worker="rollout-1", logprobs=pack_logprobs(logprobs))
+    back = decode_entry(encode_entry([result, result]))[1]
+    assert back.worker == "rollout-1"
+    assert np.allclose(unpack_logprobs(back.logprobs), logprobs.astype(np.float32))
+    reward = RewardRecord.from_result(back, 1.0, 0.0, False)
+    assert reward.logprobs == back.logprobs and reward.reward == 1.0
+    with pytest.raises(PayloadError, match="logprobs"):
+        make_result(tokens=tokens, logprobs=pack_logprobs(logprobs[:3]))

@@ -103,7 +103,7 @@ def test_every_queue_of_a_run_is_opened_from_the_declaration():
         for call, name in _calls(path):
             where = f"{path.relative_to(ROOT)}:{call.lineno}"
             if name == "WorkQueue":
-                assert path == ROOT / "services" / "topology.py", f"{where}: open the queue with services.streams.topology"
+                assert path == ROOT / "services" / "streams" / "topology.py", f"{where}: open the queue with services.streams.topology"
             position = {"open_queue": 2, "stream_key": 1}.get(name)
             stream = call.args[position] if position is not None and len(call.args) > position else None
             if isinstance(stream, ast.Constant):
