@@ -1,4 +1,5 @@
-"""Process set-up shared by the actors: torch thread counts and quiet logging.
+"""Process set-up shared by the actors (torch thread counts and quiet logging), and Ray's start-up for every driver
+(`pcl train`, `pcl experiment`, the benches, the tests): `start_ray()` connects to RAY_ADDRESS or starts a local Ray.
 
 On the embedded default many actors share two cores, so each pins torch to a small thread pool; on a GPU
 node the count comes from the actor's CPU reservation instead.
@@ -24,6 +25,23 @@ def init_actor_process(threads: int = 1) -> None:
         transformers.logging.set_verbosity_error()
     except ImportError:  # pragma: no cover - transformers is a hard dependency
         pass
+
+
+def start_ray() -> bool:
+    """Connect to the cluster in RAY_ADDRESS, or start a local Ray; returns whether we started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    # Actors inherit a quiet, single-threaded environment: many of them share the cores of a small machine.
+    env = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    quiet = {"logging_level": logging.ERROR, "log_to_driver": True, "include_dashboard": False,
+             "runtime_env": {"env_vars": env}}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(address=os.environ["RAY_ADDRESS"], **{k: v for k, v in quiet.items() if k != "include_dashboard"})
+        return False
+    ray.init(num_cpus=max(2, os.cpu_count() or 2), **quiet)
+    return True
 
 
 def gather(refs: list, timeout_s: float, what: str) -> list:

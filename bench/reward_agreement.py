@@ -1,6 +1,6 @@
 r"""Math-reward agreement and throughput on the shipped evaluation sets.
 
-    python bench/reward_agreement.py [--data-dir ../shared/data/math] [--processes 2] [--timeout-s 5]
+    python -m bench.reward_agreement [--data-dir ../shared/data/math] [--processes 2] [--timeout-s 5]
 
 For every record of MATH500, AIME24, AIME25, AMC23, Minerva and OlympiadBench it scores, through
 `RewardPool`, a response ending in "\boxed{<gold>}" (must score 1: agreement) and two wrong ones, the gold
@@ -18,16 +18,13 @@ import argparse
 import json
 import random
 import re
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # runnable as a script from anywhere
-
-from pcl.reward.verdict import math_reward, normalize_gold, plain_number  # noqa: E402
-from pcl.reward.pool import RewardPool  # noqa: E402
+from bench import ROOT as REPO, add_json_option, run, write_figures
+from pcl.reward.pool import RewardPool
+from pcl.reward.verdict import math_reward, normalize_gold, plain_number
 
 BENCHMARKS = ("math500", "aime24", "aime25", "amc23", "minerva_math", "olympiadbench")
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "data" / "math"
@@ -206,13 +203,14 @@ def print_several_answers(pool: RewardPool, golds: list[str]) -> None:
         print(f"    ... and {len(misses) - 10} more misses")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--timeout-s", type=float, default=5.0)
     parser.add_argument("--throughput-samples", type=int, default=2000)
-    args = parser.parse_args()
+    add_json_option(parser)
+    args = parser.parse_args(argv)
     golds = load_golds(args.data_dir)
     integer_golds = golds["aime24"] + golds["aime25"] + golds["amc23"]
     with RewardPool(args.processes, args.timeout_s) as pool:
@@ -226,7 +224,12 @@ def main() -> None:
     n, agreed, perturbed, constant = (sum(column) for column in zip(*rows))
     print(f"overall: agreement {agreed / n:.2%} ({agreed}/{n}), wrong answers rejected: perturbed "
           f"{perturbed / n:.2%} ({perturbed}/{n}), constant {constant / n:.2%} ({constant}/{n})")
+    per_benchmark = {name: dict(zip(("records", "agreed", "perturbed_rejected", "constant_rejected"), row))
+                     for name, row in zip(golds, rows)}
+    return write_figures(args.json, {"records": n, "agreed": agreed, "agreement": agreed / n,
+                                     "perturbed_rejected": perturbed, "constant_rejected": constant,
+                                     "benchmarks": per_benchmark})
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

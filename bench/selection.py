@@ -1,9 +1,9 @@
 """The paper's headline: picking m intermediate prompts out of k*m with the value model against estimating
 their pass rates with rollouts, and how the speed-up grows with the response length.
 
-    python bench/selection.py                        # lengths 8, 32, 128, 512, 2048: about 2 minutes on 2 idle cores
-    python bench/selection.py --quick                # lengths 8 and 128, a smaller V and curve
-    python bench/selection.py --lengths 8,512 --width 256 --layers 4
+    python -m bench.selection                        # lengths 8, 32, 128, 512, 2048: about 2 minutes on 2 idle cores
+    python -m bench.selection --quick                # lengths 8 and 128, a smaller V and curve
+    python -m bench.selection --lengths 8,512 --width 256 --layers 4
 
 Two parts, one process, the same hardware and torch threads for both sides.
 
@@ -37,15 +37,13 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import ROOT, add_json_option, run, write_figures
 
 REFERENCE_ROLLOUTS = 32
 MAX_ESTIMATE_ROLLOUTS = 16
@@ -79,20 +77,18 @@ def median_seconds(fn, repeats: int, long_s: float = math.inf) -> float:
     return statistics.median(times)
 
 
-def accuracy(args, cfg, prompts, m: int) -> tuple[float, int]:
+def accuracy(args, cfg, inputs, prompts, m: int) -> tuple[float, int]:
     """(V's explained variance, j*) on the tiny task: V trained as PCL trains it, then compared with j-rollout
     estimates against a 32-rollout reference on held-out prompts."""
     from pcl.engines.base import SamplingParams
     from pcl.engines.hf import HFEngine
     from pcl.models.value import ValueModel, ValueTrainer
-    from entrypoints.train import resolve_model_path
 
-    policy = resolve_model_path(cfg.model.path, "model.path")
+    policy, value_path = inputs.policy_path, inputs.value_path
     train_pool = prompts[:args.value_prompts]
     eval_pool = prompts[args.value_prompts:args.value_prompts + args.eval_prompts]
     engine = HFEngine(policy, device="cpu", seed=args.seed)
     sampling = lambda n: SamplingParams.from_rollout_config(cfg.rollout, n=n)  # noqa: E731
-    value_path = resolve_model_path(cfg.value.path, "value.path") if cfg.value.path else policy
     trainer = ValueTrainer(ValueModel.from_pretrained(value_path), lr=cfg.value.lr, grad_clip=cfg.value.grad_clip,
                            batch_size=cfg.value.batch_size)
     size = sum(p.numel() for p in trainer.model.parameters()) / 1e6
@@ -222,7 +218,7 @@ def crossing(rows, target: float, column: int) -> str:
     return f"not reached by {points[-1][0]} tokens" if points else "no lengths measured"
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "tiny.yaml"))
     parser.add_argument("--quick", action="store_true", help="lengths 8,128, a smaller V training and token budget")
@@ -244,38 +240,41 @@ def main() -> int:
     parser.add_argument("--long-s", type=float, default=60.0, help="one timing over this many seconds suffices")
     parser.add_argument("--threads", type=int, default=2, help="torch threads for the policy and V alike")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    add_json_option(parser)
+    args = parser.parse_args(argv)
     args.lengths = args.lengths or ("8,128" if args.quick else DEFAULT_LENGTHS)
     args.value_prompts = args.value_prompts or (512 if args.quick else 2048)
     args.eval_prompts = args.eval_prompts or (256 if args.quick else 512)
     args.token_budget = args.token_budget or (2 ** 12 if args.quick else 2 ** 14)
     if args.width % 64 or args.width < 128:
         parser.error(f"--width: expected a multiple of 64, at least 128; got {args.width}")
+    return args
 
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
     import torch
-    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
 
     from pcl.config import load_config
-    from pcl.data.prompts import load_prompts
-    from entrypoints.train import resolve_model_path
+    from pcl.data.inputs import run_inputs, training_prompts
 
     cfg = load_config(args.config)
     m = args.m or cfg.run.m
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model.path, "model.path"))
-    prompts, _ = load_prompts(cfg.data, tokenizer, split="train", seed=args.seed)
+    inputs = run_inputs(cfg)
+    prompts, _ = training_prompts(cfg, inputs.tokenizer, seed=args.seed)
     if args.value_prompts + args.eval_prompts > len(prompts):
-        parser.error(f"{args.value_prompts + args.eval_prompts} distinct prompts needed (value + eval), the "
-                     f"training set has {len(prompts)}")
+        raise SystemExit(f"bench.selection: {args.value_prompts + args.eval_prompts} distinct prompts needed "
+                         f"(value + eval), the training set has {len(prompts)}")
     prompts = [prompts[i] for i in np.random.default_rng(args.seed).permutation(len(prompts))]
 
-    _, j_fair = accuracy(args, cfg, prompts, m)
+    ev_v, j_fair = accuracy(args, cfg, inputs, prompts, m)
     timing_prompts = prompts[args.value_prompts + args.eval_prompts:] or prompts
-    rows = cost_curve(args, tokenizer, timing_prompts, j_fair)
+    rows = cost_curve(args, inputs.tokenizer, timing_prompts, j_fair)
 
     print(f"\nspeed-up of V over rollout estimates against the response length (C candidates, k={args.k}, CPU):")
     print(f"  {'length':>6}  {'C':>5}  {'vs 3 rollouts':>13}  {f'vs {j_fair} (fair)':>13}")
@@ -287,8 +286,13 @@ def main() -> int:
     length, c, v_s, r3_s, rj_s = rows[-1]
     print(f"speed-up of V over the {ESTIMATE_ROLLOUTS}-rollout estimate at {length} tokens (vs {j_fair} rollouts: "
           f"{rj_s / v_s:.1f}x; C={c}, k={args.k}, CPU): {r3_s / v_s:.1f}x")
-    return 0
+    return write_figures(args.json, {
+        "explained_variance_v": ev_v, "j_star": j_fair, "k": args.k,
+        "curve": [{"length": row[0], "candidates": row[1], "v_seconds": row[2], "rollouts_3_seconds": row[3],
+                   "rollouts_j_seconds": row[4], "speedup_vs_3": row[3] / row[2], "speedup_vs_j": row[4] / row[2]}
+                  for row in rows],
+        "speedup_vs_3_at_longest": r3_s / v_s})
 
 
 if __name__ == "__main__":  # vLLM may spawn its engine process: the guard keeps the child from re-running this
-    sys.exit(main())
+    run(main)

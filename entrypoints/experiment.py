@@ -85,7 +85,8 @@ def run_config(exp: ExperimentConfig, arm: str, seed: int):
 
 def run_experiment(path: str | Path) -> int:
     """Run every arm with every seed (skipping finished runs), then write the report."""
-    from entrypoints.train import run_training, start_ray
+    from actors.runtime import start_ray
+    from entrypoints.train import run_training
 
     exp = load_experiment(path)
     configs = {(arm, seed): run_config(exp, arm, seed) for seed in exp.seeds for arm in exp.strategies}  # fail early
@@ -132,31 +133,19 @@ def finished_runs(exp: ExperimentConfig) -> int:
 
 def reference_cache(exp: ExperimentConfig, cfg, seed: int) -> Path:
     """The seed's reference pass-rate cache (computed once, kept in the runs directory)."""
+    from pcl.data.inputs import run_inputs, training_prompts
     from pcl.data.reference_rates import REFERENCE_FILE, load_reference, save_reference
-    from entrypoints.train import resolve_model_path
 
     path = exp.runs_path / f"{REFERENCE_FILE}@seed{seed}"
-    prompts = training_prompts(cfg)
+    inputs = run_inputs(cfg)
+    prompts = training_prompts(cfg, inputs.tokenizer)[0]  # exactly as `pcl train` loads them for this config
     if load_reference(path, cfg.model.path, prompts, exp.reference_n_pre) is None:
         start = time.perf_counter()
-        rates = measure_reference(cfg, resolve_model_path(cfg.model.path, "model.path"), prompts,
-                                  exp.reference_n_pre)
+        rates = measure_reference(cfg, inputs.policy_path, prompts, exp.reference_n_pre)
         save_reference(path, cfg.model.path, prompts, exp.reference_n_pre, rates)
         (exp.runs_path / f"reference-seed{seed}.json").write_text(json.dumps(
             {"seconds": time.perf_counter() - start, "prompts": len(prompts), "n_pre": exp.reference_n_pre}))
     return path
-
-
-def training_prompts(cfg) -> list:
-    """The training prompts exactly as `pcl train` loads them for this config."""
-    from transformers import AutoTokenizer
-
-    from pcl.data.prompts import load_prompts
-    from entrypoints.train import resolve_model_path
-
-    policy = resolve_model_path(cfg.model.path, "model.path")
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or policy)
-    return load_prompts(cfg.data, tokenizer, split="train", seed=cfg.run.seed)[0]
 
 
 def measure_reference(cfg, policy_path: str, prompts: list, n_pre: int, chunk: int = 256) -> dict[str, float]:

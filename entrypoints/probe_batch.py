@@ -51,7 +51,8 @@ def measure(cfg: Config, sizes: list[int], repeats: int, log: Callable[[str], No
     from pcl.progress import Progress
     from services.streams.rollout_client import RolloutClient
     from services.redis_server import open_redis
-    from entrypoints.train import prepare, start_ray
+    from actors.runtime import start_ray
+    from entrypoints.train import prepare
 
     n = cfg.run.n
     with tempfile.TemporaryDirectory(prefix="pcl-probe-") as tmp:

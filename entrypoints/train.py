@@ -18,10 +18,10 @@ import logging
 import os
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from pcl.config import TINY_SOURCES, Config, ConfigError, dump_config, redacted
+from pcl.config import Config, ConfigError, dump_config, redacted
 from pcl.loop.runlog import METRICS_FILE, read_metrics
 
 log = logging.getLogger("pcl.train")
@@ -42,26 +42,9 @@ class Prepared:
     overrides: dict = field(default_factory=dict)  # tunable selection settings the resumed config overrides
 
 
-def resolve_model_path(path: str, what: str) -> str:
-    """A tiny task's name ('tiny', 'tiny-carry') -> its built policy (building it if needed); a local dir must
-    exist; else a hub name."""
-    if path in TINY_SOURCES:
-        from pcl.tiny.build import build_tiny
-
-        return str(build_tiny(seed=0, verbose=True, task=path))
-    p = Path(path).expanduser()
-    if p.exists():
-        if not (p / "config.json").is_file():
-            raise ConfigError(f"{what} = {path!r}: the directory has no config.json (not a Hugging Face model)")
-        return str(p.resolve())
-    if path.startswith((".", "/", "~")) or path.count("/") != 1:
-        raise ConfigError(f"{what} = {path!r}: no such model directory")
-    return path  # a hub name such as Qwen/Qwen3-4B-Base, resolved by transformers on the workers
-
-
 def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     """Everything that can fail on bad input, done before Redis, Ray or any actor starts."""
-    from pcl.data.prompts import load_prompts
+    from pcl.data.inputs import held_out_prompts, run_inputs, training_prompts
     from pcl.loop.resume import check_resumable
     from pcl.strategies import check_strategy
     from services.tracking.trackers import check_backends
@@ -93,38 +76,21 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     # control.token is a secret: it stays out of the run directory (a resumed run takes it from PCL_API_TOKEN)
     (out / "config.yaml").write_text(dump_config(redacted(cfg, token_mask=None)))  # Redis password masked too
 
-    policy = resolve_model_path(cfg.model.path, "model.path")
-    value = resolve_model_path(cfg.value.path, "value.path") if cfg.value.path else policy
-    from transformers import AutoTokenizer  # late: a config, run dir or path problem fails in under a second
-
-    try:  # a hub name that is neither on a reachable hub nor cached is named, like a missing directory
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or policy)
-    except (OSError, ValueError) as exc:
-        key, name = ("model.tokenizer", cfg.model.tokenizer) if cfg.model.tokenizer else ("model.path", cfg.model.path)
-        why = " ".join(str(exc).split())[:300] or type(exc).__name__  # on the message's one line
-        raise ConfigError(f"{key} = {name!r}: cannot load a tokenizer: {why}") from None
-    try:  # a dataset that cannot be read, or has no usable row, is a configuration problem, named as such
-        train, report = load_prompts(cfg.data, tokenizer, split="train", seed=cfg.run.seed)
-    except (ValueError, OSError) as exc:
-        raise ConfigError(f"data.source {cfg.data.source!r}: {exc}") from None
+    inputs = run_inputs(cfg)  # model paths and tokenizer; the prompt sets below: pcl.data.inputs
+    train, report = training_prompts(cfg, inputs.tokenizer)
     print(f"pcl: training set {cfg.data.source}: {report.summary()}", flush=True)
     if len(train) < cfg.run.m:
         raise ConfigError(f"data.source {cfg.data.source!r}: {len(train)} usable prompts, fewer than run.m={cfg.run.m}")
     evals = []
     if cfg.data.eval_source and cfg.run.evaluates_held_out:
-        try:
-            evals, report = load_prompts(cfg.data, tokenizer, split="eval", seed=cfg.run.seed)
-        except (ValueError, OSError) as exc:
-            raise ConfigError(f"data.eval_source {cfg.data.eval_source!r}: {exc}") from None
+        evals, report = held_out_prompts(cfg, inputs.tokenizer)
         print(f"pcl: held-out set {cfg.data.eval_source}: {report.summary()}", flush=True)
-        # Held-out ids get their own namespace: row-index ids of two files would otherwise collide.
-        evals = [replace(p, id=f"eval/{p.id}") for p in evals[: cfg.data.eval_size]]
     suite = None
     if cfg.evaluation.suite and cfg.evaluation.every:
         from pcl.benchmarks import load_suite
 
         try:
-            suite = load_suite(list(cfg.evaluation.suite), tokenizer, cfg.data.template, root=cfg.data.root,
+            suite = load_suite(list(cfg.evaluation.suite), inputs.tokenizer, cfg.data.template, root=cfg.data.root,
                                limit=cfg.evaluation.limit, max_prompt_tokens=cfg.data.max_prompt_tokens)
         except (ValueError, OSError) as exc:
             raise ConfigError(f"evaluation.suite: {exc}") from None
@@ -135,24 +101,7 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     for records in (suite or {}).values():
         answers.update({p.id: p.answer for p in records})
     overrides = check_resumable(cfg, checkpoint, train) if checkpoint is not None else {}  # pcl.loop.resume
-    return Prepared(out, policy, value, train, evals, answers, checkpoint, suite, overrides)
-
-
-def start_ray() -> bool:
-    """Connect to the cluster in RAY_ADDRESS, or start a local Ray; returns whether we started it."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    # Actors inherit a quiet, single-threaded environment: many of them share the cores of a small machine.
-    env = {"TRANSFORMERS_VERBOSITY": "error", "HF_HUB_DISABLE_PROGRESS_BARS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    quiet = {"logging_level": logging.ERROR, "log_to_driver": True, "include_dashboard": False,
-             "runtime_env": {"env_vars": env}}
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], **{k: v for k, v in quiet.items() if k != "include_dashboard"})
-        return False
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), **quiet)
-    return True
+    return Prepared(out, inputs.policy_path, inputs.value_path, train, evals, answers, checkpoint, suite, overrides)
 
 
 def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: int = 0, on_record=None,
@@ -296,6 +245,7 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     import ray
 
     import pcl.loop.checkpoint_store as ckpt
+    from actors.runtime import start_ray
     from services.control.server import DriverControl
     from entrypoints.fleet import start_fleet
     from services.streams.rollout_client import purge_streams

@@ -7,7 +7,7 @@
 - `tiny_model_dir` (session): a 2-layer, width-64 Qwen3 with random weights (seeded) and the tiny tokenizer, that
   `AutoModelForCausalLM`, `AutoModel` and `AutoTokenizer` load like any Hugging Face checkpoint; built in well
   under a second. Read-only for tests: copy it to modify it.
-- `ray_session` (session): local Ray, started once by `entrypoints.train.start_ray` (the runtime environment the
+- `ray_session` (session): local Ray, started once by `actors.runtime.start_ray` (the runtime environment the
   actors run with) and shut down at the end. Tests that use it run after all the others, so that Ray starts once
   and the rest of the suite runs without it.
 
@@ -99,7 +99,7 @@ def ray_session():
     """Local Ray for the whole session (or the cluster in RAY_ADDRESS), with the actors' runtime environment."""
     import ray
 
-    from entrypoints.train import start_ray
+    from actors.runtime import start_ray
 
     own = start_ray()
     yield

@@ -2,7 +2,10 @@
 
 Read from the source (every `import` and `from ... import` in every module, at top level or inside a function),
 so that a late import cannot hide an edge. Fails on any import cycle between modules, on any import that points
-up the layers, and on any `pcl` module that imports ray, redis, services or actors.
+up the layers, on any `pcl` module that imports ray, redis, services or actors, on any `services` module that
+imports ray (Ray is the actor layer's), and on a `bench/` script that takes from `entrypoints/` anything but the
+training driver itself (`entrypoints.train.run_training`): model, tokenizer and data loading and Ray start-up
+are in the library, where both use them.
 """
 
 from __future__ import annotations
@@ -99,6 +102,34 @@ def test_the_core_imports_no_infrastructure():
             if top in INFRASTRUCTURE or top in LAYERS[1:]:
                 bad.append(f"{module_name(path)} imports {target}")
     assert not bad, "the core (pcl/) must run without Ray, Redis, services or actors:\n" + "\n".join(sorted(bad))
+
+
+def test_no_service_imports_ray():
+    bad = sorted(f"{module_name(path)} imports {target}" for path in (ROOT / "services").rglob("*.py")
+                 for target in imports_of(path) if target.split(".")[0] == "ray")
+    assert not bad, "services/ runs without Ray (the actors wrap it):\n" + "\n".join(bad)
+
+
+BENCH_MAY_TAKE = {("entrypoints.train", "run_training")}  # the training driver itself, nothing else
+
+
+def entrypoint_imports(path: Path) -> list[tuple[str, str | None]]:
+    """(module, name) of every import of `entrypoints` in `path`; name None for a whole-module import."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, None) for a in node.names if a.name.split(".")[0] == "entrypoints"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "entrypoints":
+            found += [(node.module, a.name) for a in node.names]
+    return found
+
+
+def test_bench_takes_from_entrypoints_only_the_training_driver():
+    bad = sorted(f"bench/{path.name}: {module}" + (f".{name}" if name else "")
+                 for path in (ROOT / "bench").glob("*.py")
+                 for module, name in entrypoint_imports(path) if (module, name) not in BENCH_MAY_TAKE)
+    assert not bad, ("bench/ takes from entrypoints/ at most entrypoints.train.run_training (loading and Ray "
+                     "start-up are in the library):\n" + "\n".join(bad))
 
 
 def test_there_is_no_import_cycle():

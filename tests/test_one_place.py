@@ -19,11 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CODE = ("pcl", "services", "actors", "entrypoints", "bench")
 
 
-RUN_DRIVERS = ("entrypoints", "bench", "pcl/data")  # the callers that load a run's inputs, and the library
+DRIVERS = ("entrypoints", "bench")  # they take a run's inputs from pcl.data.inputs
+INPUT_CALLERS = ("entrypoints/train.py", "entrypoints/experiment.py", "entrypoints/evaluate.py", "bench/selection.py",
+                 "bench/step.py")  # the callers that once each resolved the model and loaded tokenizer and prompts
 
 
 def sources(tops=CODE) -> dict[str, str]:
-    return {str(p.relative_to(ROOT)): p.read_text() for top in tops for p in (ROOT / top).rglob("*.py")}
+    return {str(p.relative_to(ROOT)): p.read_text() for top in tops
+            for p in ([ROOT / top] if str(top).endswith(".py") else (ROOT / top).rglob("*.py"))}
 
 
 def holders(pattern: str, tops=CODE) -> list[str]:
@@ -36,7 +39,8 @@ def holders(pattern: str, tops=CODE) -> list[str]:
     ("the resume rule", r"RESUME_FIXED\s*=|def check_resumable\b", CODE, ["pcl/loop/resume.py"]),
     ("the prompt-set fingerprint", r"def \w*fingerprint\w*\(", CODE, ["pcl/data/fingerprint.py"]),
     ("the training-data check", r"fingerprint_differences\(", CODE, ["pcl/data/fingerprint.py"]),
-    ("loading a run's tokenizer", r"AutoTokenizer\.from_pretrained\(", RUN_DRIVERS, ["pcl/data/inputs.py"]),
+    ("loading a run's tokenizer", r"AutoTokenizer\.from_pretrained\(", INPUT_CALLERS, []),
+    ("loading a run's prompt sets", r"\bload_prompts\(", DRIVERS, []),
     ("resolving a run's model path", r"def resolve_model_path\b", CODE, ["pcl/data/inputs.py"]),
 ])
 def test_a_rule_has_one_home(rule, pattern, tops, home):

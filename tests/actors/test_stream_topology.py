@@ -16,7 +16,8 @@ def test_the_fleet_uses_exactly_the_declared_streams_groups_and_consumer_roles(u
     import ray
 
     from entrypoints.probe_batch import start_generation_fleet
-    from entrypoints.train import prepare, start_ray
+    from actors.runtime import start_ray
+    from entrypoints.train import prepare
     from services.redis_server import start_embedded
     from services.streams.rollout_client import RolloutClient
     from services.streams.topology import STREAMS, stream_key

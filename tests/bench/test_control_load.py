@@ -16,12 +16,12 @@ def test_control_load_bench_reports_latencies_and_both_phases(tiny_model, ray_se
     from bench import control_load
 
     out = tmp_path / "report.json"
-    code = control_load.main([
+    figures = control_load.main([
         "--clients", "2", "--rate", "20", "--phase-steps", "3", "--rounds", "1", "--warmup-steps", "1",
         "--run-dir", str(tmp_path), "--json", str(out), "run.m=16", "run.n=4",
     ])
     report = json.loads(out.read_text())
-    assert code == 0, report
+    assert figures["exit_code"] == report["exit_code"] == 0, report
     assert report["training_exit"] == 0 and report["error_count"] == 0 and report["errors"] == {}
     assert report["config"]["steps"] == 1 + 2 * 3 + 1
 
