@@ -235,3 +235,79 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, chunk_tokens: int
                          f"[{tokens.min().item()}, {tokens.max().item()}]")
     flat = _ChunkedTokenLogprobs.apply(logits.reshape(-1, vocab), tokens.reshape(-1).long(), chunk_tokens)
     return flat.reshape(tokens.shape)
+
+
+class _ChunkedHeadLogprobs(torch.autograd.Function):
+    """log softmax(h W^T)[y] per row of h = hidden states [N, H], W the LM head [V, H], chunk by chunk.
+
+    Forward keeps the hidden states, the head and a [N] logsumexp; backward recomputes each chunk's logits,
+    so neither pass holds more than one [chunk, V] logits block (plus its softmax) at a time. The logits are
+    float32 (float64 for float64 inputs) whatever the compute dtype; the weight's gradient is accumulated in
+    that precision over the chunks and returned in the weight's dtype.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor, chunk: int) -> torch.Tensor:
+        out_dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        rows = hidden.shape[0]
+        out = hidden.new_empty(rows, dtype=out_dtype)  # [N]
+        lse = hidden.new_empty(rows, dtype=out_dtype)  # [N]
+        for start in range(0, rows, chunk):
+            part = slice(start, start + chunk)
+            logits = (hidden[part] @ weight.t()).to(out_dtype)  # [c, V]
+            lse[part] = torch.logsumexp(logits, dim=-1)
+            out[part] = logits.gather(-1, tokens[part, None]).squeeze(-1) - lse[part]
+        ctx.save_for_backward(hidden, weight, tokens, lse)
+        ctx.chunk = chunk
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: torch.Tensor):
+        hidden, weight, tokens, lse = ctx.saved_tensors
+        want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if want_weight else None
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            part = slice(start, start + ctx.chunk)
+            g_rows = grad_out[part, None].to(lse.dtype)  # [c, 1]
+            # d/dlogits = g * (onehot(y) - softmax(logits)), built in place in the recomputed logits.
+            grad_logits = (hidden[part] @ weight.t()).to(lse.dtype).sub_(lse[part, None]).exp_()  # [c, V]
+            grad_logits.mul_(-g_rows).scatter_add_(-1, tokens[part, None], g_rows)
+            grad_logits = grad_logits.to(hidden.dtype)
+            if want_hidden:
+                grad_hidden[part] = grad_logits @ weight
+            if want_weight:
+                if grad_weight.dtype == hidden.dtype:
+                    grad_weight.addmm_(grad_logits.t(), hidden[part])
+                else:
+                    grad_weight += grad_logits.t() @ hidden[part]
+        return grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype), None, None
+
+
+def head_token_logprobs(hidden: torch.Tensor, weight: torch.Tensor, tokens: torch.Tensor,
+                        chunk_tokens: int = 1024) -> torch.Tensor:
+    """log softmax(hidden @ weight^T)[token] per row, without ever holding more than `chunk_tokens` rows of logits.
+
+    The policy's token log-probabilities straight from its final hidden states and LM head: the logits of a
+    chunk of positions are computed, reduced to log p(token) and dropped, and recomputed in the backward pass,
+    so the memory is O(chunk_tokens x V) whatever the number of positions. Same values and gradients as
+    `token_logprobs(hidden @ weight.T, tokens)`. Differentiable once (no double backward).
+
+    Args:
+        hidden: [N, H] final hidden states of the positions scored (after the final norm).
+        weight: [V, H] the LM head (the input embeddings when they are tied).
+        tokens: [N] integer ids in [0, V), the token scored at each position.
+        chunk_tokens: positions per chunk, > 0.
+
+    Returns:
+        [N] log-probabilities, float32 (float64 when the hidden states are float64).
+    """
+    if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden [N, H] and weight [V, H]: got shapes {tuple(hidden.shape)} and {tuple(weight.shape)}")
+    if tokens.shape != hidden.shape[:1] or tokens.is_floating_point() or tokens.dtype == torch.bool:
+        raise ValueError(f"tokens: expected integer ids of shape [{hidden.shape[0]}], got {tuple(tokens.shape)} "
+                         f"{tokens.dtype}")
+    if chunk_tokens <= 0:
+        raise ValueError(f"chunk_tokens: must be positive, got {chunk_tokens}")
+    return _ChunkedHeadLogprobs.apply(hidden, weight, tokens.long(), chunk_tokens)

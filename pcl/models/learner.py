@@ -24,20 +24,35 @@ import math
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from numbers import Integral
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 
-from pcl.loop.checkpoint_store import load_tensors
-from pcl.config import OptimizerConfig
-from pcl.rl import policy_gradient_loss, token_logprobs
+from pcl.models.micro_batches import (MicroBatch, check_sequences, collate_micro_batch, dummy_micro_batch, length,
+                                      pack_micro_batches, split_micro_batches)
+from pcl.models.policy_forward import checkpoint_layers, decoder_layers, install_logprob_forward
 from pcl.models.sharding import agree, full_state, shard_by_layer, total_norm
+from pcl.rl import policy_gradient_loss
+
+__all__ = ["AdamWSettings", "PolicyLearner", "check_sequences", "collate_micro_batch", "init_process_group",
+           "resolve_backend"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_PAD_ID = 0  # any valid id: padded positions are masked out of attention and loss
+
+
+@dataclass(frozen=True)
+class AdamWSettings:
+    """The optimizer settings the learner reads: the `optimizer` section's fields (`pcl.config.OptimizerConfig`
+    has the same names and can be passed instead); a plain dataclass, so the learner imports without pydantic."""
+
+    lr: float = 8e-6
+    weight_decay: float = 0.0
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float | None = 1.0
 
 
 def resolve_backend(backend: str) -> str:
@@ -78,78 +93,22 @@ def _resolve_device(device: str, rank: int) -> torch.device:
     return torch.device("cuda", index)
 
 
-@dataclass
-class MicroBatch:
-    """Right-padded sequences (prompt + response) of one forward/backward pass."""
-
-    input_ids: torch.Tensor  # [B, T] token ids, padded with _PAD_ID
-    attention_mask: torch.Tensor  # [B, T] 1 on real tokens
-    response_mask: torch.Tensor  # [B, T-1] 1 where the *next* token (input_ids[:, 1:]) is a response token
-    advantages: torch.Tensor  # [B] A_i of each sequence (algorithm step 6)
-    num_tokens: int  # response tokens in the micro-batch
-
-
-def collate_micro_batch(sequences: Sequence[dict], device: torch.device) -> MicroBatch:
-    """Pack sequences {prompt_token_ids, response_token_ids, advantage} into one right-padded MicroBatch."""
-    width = max(_length(s) for s in sequences)
-    input_ids = torch.full((len(sequences), width), _PAD_ID, dtype=torch.long)
-    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    response_mask = torch.zeros((len(sequences), width - 1), dtype=torch.bool)
-    for row, seq in enumerate(sequences):
-        prompt, response = list(seq["prompt_token_ids"]), list(seq["response_token_ids"])
-        length = len(prompt) + len(response)
-        input_ids[row, :length] = torch.tensor(prompt + response, dtype=torch.long)
-        attention_mask[row, :length] = 1
-        # Logits at position t predict token t+1, so response token j (at len(prompt) + j) is scored at
-        # position len(prompt) + j - 1.
-        response_mask[row, len(prompt) - 1:length - 1] = True
-    advantages = torch.tensor([float(s["advantage"]) for s in sequences], dtype=torch.float32)
-    return MicroBatch(input_ids.to(device), attention_mask.to(device), response_mask.to(device),
-                      advantages.to(device), int(response_mask.sum()))
-
-
-def _length(sequence: dict) -> int:
-    return len(sequence["prompt_token_ids"]) + len(sequence["response_token_ids"])
-
-
-def _dummy_micro_batch(device: torch.device) -> MicroBatch:
-    """Two tokens with advantage 0: zero loss and gradient, but the pass keeps this rank's all-gathers
-    and reduce-scatters in step with ranks that hold more micro-batches."""
-    batch = collate_micro_batch([{"prompt_token_ids": [_PAD_ID], "response_token_ids": [_PAD_ID],
-                                  "advantage": 0.0}], device)
-    batch.num_tokens = 0
-    return batch
-
-
-def check_sequences(sequences: Sequence[dict], num_sequences: int, vocab_size: int) -> str | None:
-    """The first problem with a rank's share, as a message naming the bad input; None when usable."""
-    if not isinstance(num_sequences, Integral) or num_sequences < max(1, len(sequences)):
-        return (f"num_sequences: expected an int >= the {len(sequences)} sequences of this rank "
-                f"(and >= 1), got {num_sequences!r}")
-    for index, seq in enumerate(sequences):
-        missing = {"prompt_token_ids", "response_token_ids", "advantage"} - set(seq)
-        if missing:
-            return f"sequence {index}: missing keys {sorted(missing)}"
-        for key in ("prompt_token_ids", "response_token_ids"):
-            ids = seq[key]
-            if len(ids) == 0:
-                return f"sequence {index}: {key} is empty"
-            # min/max run at C speed; a share can hold thousands of sequences of thousands of tokens.
-            low, high = min(ids), max(ids)
-            integral = isinstance(low, Integral) and isinstance(high, Integral)
-            if not (integral and 0 <= low and high < vocab_size):
-                return f"sequence {index}: {key} must hold int ids in [0, {vocab_size}), got [{low}, {high}]"
-        if not math.isfinite(float(seq["advantage"])):
-            return f"sequence {index}: advantage is {seq['advantage']!r}"
-    return None
-
-
 class PolicyLearner:
-    """One rank of the FSDP2 policy learner (see the module docstring); every method is collective."""
+    """One rank of the FSDP2 policy learner (see the module docstring); every method is collective.
 
-    def __init__(self, model_path: str, optimizer_cfg: OptimizerConfig, micro_batch_size: int,
+    max_tokens_per_micro_batch: micro-batches hold at most this many tokens, padding included (sequences x
+        the longest); None: `micro_batch_size` sequences whatever their length. `micro_batch_size` caps the
+        sequences of a micro-batch either way.
+    activation_checkpointing: recompute each decoder layer's activations in the backward pass (memory of one
+        layer's input per layer instead of all its activations, for about a third more compute).
+    logits_chunk_tokens: positions whose logits exist at once (the LM head runs chunk by chunk).
+    """
+
+    def __init__(self, model_path: str, optimizer_cfg: AdamWSettings, micro_batch_size: int,
                  device: str = "auto", dtype: str | torch.dtype = "float32", rank: int = 0,
-                 world_size: int = 1, seed: int = 0, reshard_after_forward: bool = True):
+                 world_size: int = 1, seed: int = 0, reshard_after_forward: bool = True,
+                 max_tokens_per_micro_batch: int | None = None, activation_checkpointing: bool = False,
+                 logits_chunk_tokens: int = 1024):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
         from transformers import AutoModelForCausalLM
@@ -161,10 +120,13 @@ class PolicyLearner:
                              f"({dist.get_rank()}/{dist.get_world_size()})")
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size: expected >= 1, got {micro_batch_size}")
+        if max_tokens_per_micro_batch is not None and max_tokens_per_micro_batch < 2:
+            raise ValueError(f"max_tokens_per_micro_batch: expected None or >= 2, got {max_tokens_per_micro_batch}")
         if isinstance(dtype, str) and dtype not in DTYPES:
             raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype!r}")
         self.dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
         self.rank, self.world_size, self.micro_batch_size = rank, world_size, micro_batch_size
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.optimizer_cfg = optimizer_cfg
         # False keeps each layer's gathered weights for the whole step: one all-gather per layer per step
         # instead of two per micro-batch, for the memory of an unsharded model (small models, CPU runs).
@@ -174,11 +136,15 @@ class PolicyLearner:
 
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
+        install_logprob_forward(self.model, logits_chunk_tokens)
+        if activation_checkpointing:
+            checkpoint_layers(decoder_layers(self.model))
         mesh = init_device_mesh(self.device.type, (world_size,))
         self._shard(mesh, MixedPrecisionPolicy(param_dtype=self.dtype, reduce_dtype=torch.float32))
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optimizer_cfg.lr, betas=(optimizer_cfg.beta1, optimizer_cfg.beta2),
-            eps=optimizer_cfg.eps, weight_decay=optimizer_cfg.weight_decay)
+            eps=optimizer_cfg.eps, weight_decay=optimizer_cfg.weight_decay,
+            **({"fused": True} if self.device.type == "cuda" else {}))
         self.steps = 0
 
     def _shard(self, mesh, mp_policy) -> None:
@@ -192,56 +158,85 @@ class PolicyLearner:
 
         Args:
             sequences: this rank's sequences, dicts with prompt_token_ids, response_token_ids (non-empty
-                lists of ids) and advantage (float); may be empty.
+                lists of ids), advantage (float) and optionally response_logprobs (the engine's log p of each
+                sampled token); may be empty.
             num_sequences: the number of sequences of the whole step over all ranks (the loss divisor).
 
         Returns:
             loss (the whole batch's, equal on all ranks), grad_norm (global, before clipping),
             num_tokens (this rank's response tokens), seconds (this rank's wall time), step_skipped
-            (1.0 when the gradient norm was not finite and the update was skipped).
+            (1.0 when the gradient norm was not finite and the update was skipped), micro_batches (this
+            rank's passes), learner_padding_ratio (padding's share of the tokens computed, all ranks); with
+            response_logprobs on any rank, logprob_gap_mean and logprob_gap_max: |log p_engine - log p_learner|
+            over the sampled tokens of all ranks.
         """
         start = time.perf_counter()
-        problem = check_sequences(sequences, num_sequences, self.vocab_size)
-        # Longest first, so sequences of similar length share a micro-batch and little is padding.
-        ordered = [] if problem else sorted(sequences, key=_length, reverse=True)
-        size = self.micro_batch_size
-        chunks = [ordered[i:i + size] for i in range(0, len(ordered), size)]
+        problem = check_sequences(sequences, num_sequences, self.vocab_size, self.max_tokens_per_micro_batch)
+        lengths = [] if problem else [length(s) for s in sequences]
+        chunks = pack_micro_batches(lengths, self.micro_batch_size, self.max_tokens_per_micro_batch)
+        has_engine = any(s.get("response_logprobs") is not None for s in sequences) if not problem else False
         # Every rank runs the same number of forward/backward passes (each pass is a chain of collectives),
         # and every rank raises together when any share is bad, instead of leaving the others waiting.
-        num_passes, failed = self._agree([max(1, len(chunks)), problem is not None], dist.ReduceOp.MAX)
+        num_passes, failed, any_engine = self._agree([max(1, len(chunks)), problem is not None, has_engine],
+                                                     dist.ReduceOp.MAX)
         if failed:
             raise ValueError(problem or "train_step: another learner rank rejected its share of the batch")
+        # A rank with fewer micro-batches splits its own rather than run dummy passes.
+        chunks = split_micro_batches(chunks, lengths, int(num_passes))
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, num_tokens = torch.zeros((), device=self.device), 0
+        totals = torch.zeros(4, dtype=torch.float64, device=self.device)  # loss, gap sum, gap count, gap max
+        num_tokens, computed, padded = 0, 0, 0
         for index in range(int(num_passes)):
-            batch = (collate_micro_batch(chunks[index], self.device) if index < len(chunks)
-                     else _dummy_micro_batch(self.device))
+            batch = (collate_micro_batch([sequences[i] for i in chunks[index]], self.device) if index < len(chunks)
+                     else dummy_micro_batch(self.device))
             if not self.reshard_after_forward:  # reshard after the last backward, before the update
                 self.model.set_reshard_after_backward(index == num_passes - 1)
-            loss_sum += self._forward_backward(batch, num_sequences)
+            self._forward_backward(batch, num_sequences, totals)
             num_tokens += batch.num_tokens
+            computed += batch.input_ids.numel()
+            padded += batch.padded_tokens
         grad_norm = self._clip_gradients()
         skipped = not math.isfinite(grad_norm)
         if not skipped:
             self.optimizer.step()
             self.steps += 1
         self.optimizer.zero_grad(set_to_none=True)
-        (loss,) = self._agree([loss_sum.item()], dist.ReduceOp.SUM)
-        return {"loss": loss, "grad_norm": grad_norm, "num_tokens": float(num_tokens),
-                "seconds": time.perf_counter() - start, "step_skipped": float(skipped)}
+        return {**self._step_stats(totals, computed, padded, any_engine), "grad_norm": grad_norm,
+                "num_tokens": float(num_tokens), "seconds": time.perf_counter() - start,
+                "step_skipped": float(skipped), "micro_batches": float(len(chunks))}
 
-    def _forward_backward(self, batch: MicroBatch, num_sequences: int) -> torch.Tensor:
-        """Accumulate this micro-batch's gradient; FSDP2 reduce-scatters it into the sharded grads."""
-        logits = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                            use_cache=False).logits  # [B, T, V]
-        logprobs = token_logprobs(logits[:, :-1], batch.input_ids[:, 1:])  # [B, T-1]
+    def _step_stats(self, totals: torch.Tensor, computed: int, padded: int, any_engine: bool) -> dict[str, float]:
+        """The step's loss, padding ratio and (with engine log-probs) log-prob gaps over all ranks."""
+        loss, gap_sum, gap_count, computed_all, padded_all = self._agree(
+            totals[:3].tolist() + [computed, padded], dist.ReduceOp.SUM)
+        stats = {"loss": loss, "learner_padding_ratio": padded_all / computed_all if computed_all else 0.0}
+        if any_engine:
+            (gap_max,) = self._agree([totals[3].item()], dist.ReduceOp.MAX)
+            stats["logprob_gap_mean"] = gap_sum / gap_count if gap_count else math.nan
+            stats["logprob_gap_max"] = gap_max if gap_count else math.nan
+        return stats
+
+    def _forward_backward(self, batch: MicroBatch, num_sequences: int, totals: torch.Tensor) -> None:
+        """Accumulate this micro-batch's gradient (FSDP2 reduce-scatters it into the sharded grads); adds its
+        loss and engine log-prob gaps to `totals` without a device sync."""
+        flat = self.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                          response_mask=batch.response_mask)  # [N] log pi of each response token
+        logprobs = torch.zeros(batch.response_mask.shape, dtype=flat.dtype, device=flat.device)
+        logprobs = logprobs.masked_scatter(batch.response_mask, flat)  # [B, T-1]
         # On-policy: the sampling policy is the current one, so old_logprobs = logprobs and ratio = 1
         # (algorithm step 7); the gradient is the REINFORCE gradient with the group-mean baseline.
         loss = policy_gradient_loss(logprobs, logprobs.detach(), batch.advantages, batch.response_mask,
                                     num_sequences=num_sequences)
         loss.backward()
-        return loss.detach()
+        totals[0] += loss.detach().double()
+        if batch.engine_logprobs is not None:
+            gap = (batch.engine_logprobs.double() - flat.detach().double()).abs()
+            known = ~torch.isnan(gap)
+            gap = torch.where(known, gap, 0.0)  # tokens without an engine log-prob count nowhere
+            totals[1:3] += torch.stack([gap.sum(), known.sum().double()])
+            if gap.numel():
+                totals[3] = torch.maximum(totals[3], gap.max())
 
     def _clip_gradients(self) -> float:
         """Global gradient norm over all ranks' shards (before clipping); clips when configured."""
@@ -318,6 +313,8 @@ class PolicyLearner:
     def load_checkpoint(self, directory: str) -> None:
         """Restore what `save_checkpoint` wrote (collective; rank 0 reads `learner.pt` and broadcasts it)."""
         directory = Path(directory)
+        from pcl.loop.checkpoint_store import load_tensors  # imports pcl.loop (pydantic): only where needed
+
         state = load_tensors(directory / "learner.pt") if self.rank == 0 else {}
         self.load_state_dict(state)
         rng = directory / f"learner-rng-{self.rank}.pt"

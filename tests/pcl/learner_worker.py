@@ -32,6 +32,13 @@ SCENARIOS = {
     "mbs1": {"micro_batch_size": 1, "grad_clip": None, "shares": {1: [7], 2: [5, 2]}},
     "mbs4": {"micro_batch_size": 4, "grad_clip": None, "shares": {1: [7], 2: [7, 0]}},
     "clip": {"micro_batch_size": 2, "grad_clip": 0.5, "shares": {1: [7], 2: [3, 4]}},
+    # Micro-batches by a token budget (the longest sequence has 14 tokens), and per-layer recomputation.
+    "tokens": {"micro_batch_size": 8, "grad_clip": None, "shares": {1: [7], 2: [5, 2]},
+               "kwargs": {"max_tokens_per_micro_batch": 20}},
+    "ckpt": {"micro_batch_size": 2, "grad_clip": None, "shares": {1: [7], 2: [3, 4]},
+             "kwargs": {"activation_checkpointing": True}},
+    "both": {"micro_batch_size": 8, "grad_clip": None, "shares": {1: [7], 2: [4, 3]},
+             "kwargs": {"activation_checkpointing": True, "max_tokens_per_micro_batch": 16}},
 }
 
 
@@ -69,14 +76,14 @@ def free_port() -> int:
 
 
 def _learner(model_dir: str, rank: int, world_size: int, device: str, micro_batch_size: int = 2,
-             grad_clip: float | None = None, reshard_after_forward: bool = True):
+             grad_clip: float | None = None, reshard_after_forward: bool = True, **kwargs):
     from pcl.config import OptimizerConfig
     from pcl.models.learner import PolicyLearner
 
     cfg = OptimizerConfig(grad_clip=grad_clip, **OPTIMIZER)
     return PolicyLearner(model_dir, cfg, micro_batch_size=micro_batch_size, device=device, dtype="float32",
                          rank=rank, world_size=world_size, seed=0,
-                         reshard_after_forward=reshard_after_forward)
+                         reshard_after_forward=reshard_after_forward, **kwargs)
 
 
 def _save(out: Path, name: str, rank: int, stats: dict, weights: dict | None = None) -> None:
@@ -87,7 +94,8 @@ def _save(out: Path, name: str, rank: int, stats: dict, weights: dict | None = N
 
 def _run_step_scenario(name: str, model_dir: str, out: Path, rank: int, world_size: int, device: str) -> None:
     spec = SCENARIOS[name]
-    learner = _learner(model_dir, rank, world_size, device, spec["micro_batch_size"], spec["grad_clip"])
+    learner = _learner(model_dir, rank, world_size, device, spec["micro_batch_size"], spec["grad_clip"],
+                       **spec.get("kwargs", {}))
     share = split(make_sequences(STEP_SEQUENCES, seed=1), spec["shares"][world_size], rank)
     stats = learner.train_step(share, STEP_COUNT)
     _save(out, name, rank, stats, learner.full_state_dict())
@@ -159,6 +167,36 @@ def _run_unsharded(model_dir: str, out: Path, rank: int, world_size: int, device
     _save(out, "unsharded", rank, {"steps": stats}, learner.full_state_dict())
 
 
+def _run_gap(model_dir: str, out: Path, rank: int, world_size: int, device: str) -> None:
+    """Rank 0's sequences carry engine log-probs (the learner's own, shifted by 0.25 on one token), rank 1's
+    none; then a step where no rank has any."""
+    learner = _learner(model_dir, rank, world_size, device, activation_checkpointing=True)
+    share = split(make_sequences(STEP_SEQUENCES, seed=1), [4, 3] if world_size == 2 else [7], rank)
+    with torch.no_grad():
+        own = learner.model(**_batch_inputs(share))  # a collective: every rank runs it
+    if rank == 0:
+        offset = 0
+        for index, seq in enumerate(share):
+            size = len(seq["response_token_ids"])
+            values = own[offset:offset + size].tolist()
+            offset += size
+            if index == 0:
+                values[0] -= 0.25
+            seq["response_logprobs"] = values
+    with_gap = learner.train_step(share, STEP_COUNT)
+    without = learner.train_step([{k: v for k, v in s.items() if k != "response_logprobs"} for s in share],
+                                 STEP_COUNT)
+    _save(out, "gap", rank, {"with": with_gap, "without": without})
+
+
+def _batch_inputs(share: list[dict]) -> dict:
+    from pcl.models.micro_batches import collate_micro_batch
+
+    batch = collate_micro_batch(share, torch.device("cpu"))
+    return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+            "response_mask": batch.response_mask}
+
+
 def _run_bad_share(model_dir: str, out: Path, rank: int, world_size: int, device: str) -> None:
     """The last rank's share has an empty response: every rank must raise, none may hang."""
     learner = _learner(model_dir, rank, world_size, device)
@@ -190,6 +228,8 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_dir: s
                 _run_planted(model_dir, Path(out_dir), rank, world_size, device)
             elif name == "bad":
                 _run_bad_share(model_dir, Path(out_dir), rank, world_size, device)
+            elif name == "gap":
+                _run_gap(model_dir, Path(out_dir), rank, world_size, device)
             elif name == "unsharded":
                 _run_unsharded(model_dir, Path(out_dir), rank, world_size, device)
             else:

@@ -55,7 +55,8 @@ def reference_step(model_dir, sequences, num_sequences: int, grad_clip: float | 
 @pytest.fixture(scope="module")
 def two_ranks(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("learner_2")
-    return worker.run_ranks(2, tiny_model_dir, out, ["mbs1", "mbs4", "clip", "resume", "unsharded", "bad"])
+    return worker.run_ranks(2, tiny_model_dir, out, ["mbs1", "mbs4", "clip", "resume", "unsharded", "bad",
+                                                   "tokens", "ckpt", "both", "gap"])
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +130,7 @@ def test_update_matches_single_process_reference(two_ranks, reference):
     ref_weights, ref_norm = reference["plain"]
     assert _max_diff(reference["initial"], ref_weights) > 1e-3  # the step moves the weights visibly
     expected_loss = -sum(s["advantage"] for s in reference["sequences"]) / worker.STEP_COUNT  # ratio 1
-    for name in ("mbs1", "mbs4"):
+    for name in ("mbs1", "mbs4", "tokens", "ckpt", "both"):
         assert _max_diff(_weights(two_ranks, name), ref_weights) < ATOL, name
         for rank in (0, 1):
             stats = _stats(two_ranks, name, rank)
@@ -208,6 +209,25 @@ def test_bad_share_raises_on_every_rank_and_the_group_survives(two_ranks):
     assert "sequence 1: response_token_ids is empty" in last["message"]
     assert "another learner rank rejected" in first["message"]
     assert math.isfinite(first["next_loss"]) and first["next_loss"] == last["next_loss"]
+
+
+def test_token_budget_packs_micro_batches_and_reports_the_padding(two_ranks):
+    # Rank 0's 5 sequences under 20 tokens a micro-batch; rank 1 splits its 2 to match instead of a dummy pass.
+    first, second = _stats(two_ranks, "tokens", 0), _stats(two_ranks, "tokens", 1)
+    assert first["micro_batches"] == second["micro_batches"] == 2
+    assert 0 < first["learner_padding_ratio"] == second["learner_padding_ratio"] < 1
+    assert "logprob_gap_mean" not in first
+    mbs4 = _stats(two_ranks, "mbs4", 0)  # 7 sequences in micro-batches of 4, padded to their longest
+    assert 0 < mbs4["learner_padding_ratio"] < 1
+
+
+def test_engine_logprob_gap_is_measured_from_the_step_forward(two_ranks):
+    for rank in (0, 1):
+        stats = _stats(two_ranks, "gap", rank)
+        assert stats["with"]["logprob_gap_max"] == pytest.approx(0.25, abs=1e-5)
+        tokens = sum(len(s["response_token_ids"]) for s in worker.make_sequences(worker.STEP_SEQUENCES, 1)[:4])
+        assert stats["with"]["logprob_gap_mean"] == pytest.approx(0.25 / tokens, abs=1e-5)
+        assert "logprob_gap_mean" not in stats["without"] and "logprob_gap_max" not in stats["without"]
 
 
 @pytest.mark.gpu
