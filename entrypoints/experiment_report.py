@@ -20,7 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
-from pcl.loop.runlog import METRICS_FILE, read_metrics
+from pcl.loop.record import StepRecord, check_keys
+from pcl.loop.runlog import METRICS_FILE, read_records
 
 PLOTS = {  # file stem -> (y key, x key, y label, title)
     "accuracy-vs-time": ("eval_accuracy", "training_seconds", "held-out accuracy", "Held-out accuracy vs training time"),
@@ -29,6 +30,7 @@ PLOTS = {  # file stem -> (y key, x key, y label, title)
     "reference-difficulty": ("selected_reference_pass_rate_mean", "step", "reference pass rate of selected prompts",
                              "Reference difficulty of the selected prompts vs step"),
 }
+check_keys([y for y, *_ in PLOTS.values()], "entrypoints.experiment_report.PLOTS")
 
 
 def _mean(values: list) -> float | None:
@@ -36,36 +38,38 @@ def _mean(values: list) -> float | None:
     return statistics.fmean(values) if values else None
 
 
-def training_seconds(record: dict) -> float | None:
+def training_seconds(record: StepRecord | dict) -> float | None:
     """The training time at a record: `train_elapsed_seconds` (evaluations and checkpoint writes left out), the
     wall clock `elapsed_seconds` where a run predates it, 0 at the step-0 evaluation, else None.
 
     >>> training_seconds({"step": 3, "elapsed_seconds": 9.0, "train_elapsed_seconds": 7.5})
     7.5
     """
-    seconds = record.get("train_elapsed_seconds", record.get("elapsed_seconds"))
-    return 0.0 if seconds is None and record.get("step") == 0 else seconds
+    r = StepRecord.coerce(record)
+    seconds = r.train_elapsed_seconds if r.train_elapsed_seconds is not None else r.elapsed_seconds
+    return 0.0 if seconds is None and r.step == 0 else seconds
 
 
-def run_figures(records: list[dict], target: float, gain: bool = False) -> dict:
+def run_figures(records: list[StepRecord | dict], target: float, gain: bool = False) -> dict:
     """One run's headline figures; the target is an accuracy, or (gain) a rise over the run's first evaluation."""
-    steps = [r for r in records if "effective_ratio" in r]
-    evals = [r for r in records if r.get("eval_accuracy") is not None]
+    records = [StepRecord.coerce(r) for r in records]
+    steps = [r for r in records if r.effective_ratio is not None]
+    evals = [r for r in records if r.eval_accuracy is not None]
     if gain and evals:
-        target = evals[0]["eval_accuracy"] + target - 1e-9
-    reached = [training_seconds(r) or 0.0 for r in evals if r["eval_accuracy"] >= target]
-    start = evals[0]["eval_accuracy"] if evals else None
-    best = max((r["eval_accuracy"] for r in evals), default=None)
+        target = evals[0].eval_accuracy + target - 1e-9
+    reached = [training_seconds(r) or 0.0 for r in evals if r.eval_accuracy >= target]
+    start = evals[0].eval_accuracy if evals else None
+    best = max((r.eval_accuracy for r in evals), default=None)
     return {
         "steps": len(steps),
         "accuracy_start": start,
         "accuracy_best": best,
         "gain_best": 100 * (best - start) if evals else None,
         "time_to_target": reached[0] if reached else None,
-        "effective_ratio": _mean([r["effective_ratio"] for r in steps]),
-        "generation_seconds": _mean([r.get("generation_seconds") for r in steps]),
-        "selection_seconds": _mean([r.get("selection_seconds") for r in steps]),
-        "samples_per_step": _mean([r.get("samples_generated") for r in steps]),
+        "effective_ratio": _mean([r.effective_ratio for r in steps]),
+        "generation_seconds": _mean([r.generation_seconds for r in steps]),
+        "selection_seconds": _mean([r.selection_seconds for r in steps]),
+        "samples_per_step": _mean([r.samples_generated for r in steps]),
     }
 
 
@@ -115,7 +119,7 @@ def table(figures: dict[str, dict], target: str) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: dict[str, dict[int, list[dict]]], out_dir: Path) -> list[Path]:
+def plot(runs: dict[str, dict[int, list[StepRecord]]], out_dir: Path) -> list[Path]:
     """One PNG per entry of PLOTS; every seed of an arm in the arm's colour. Returns the files written."""
     import matplotlib
 
@@ -132,7 +136,7 @@ def plot(runs: dict[str, dict[int, list[dict]]], out_dir: Path) -> list[Path]:
         for i, (arm, seeds) in enumerate(runs.items()):
             for j, (seed, records) in enumerate(sorted(seeds.items())):
                 points = [(training_seconds(r) if x_key == "training_seconds" else r.get(x_key), r.get(y_key))
-                          for r in records]
+                          for r in map(StepRecord.coerce, records)]
                 points = [(x, y) for x, y in points if x is not None and y is not None]
                 if not points:
                     continue
@@ -157,12 +161,12 @@ def plot(runs: dict[str, dict[int, list[dict]]], out_dir: Path) -> list[Path]:
 
 def write_report(exp) -> Path:
     """Read every run of the experiment, write the markdown report and its plots; returns the report's path."""
-    runs: dict[str, dict[int, list[dict]]] = {}
+    runs: dict[str, dict[int, list[StepRecord]]] = {}
     for arm in exp.strategies:
         for seed in exp.seeds:
             path = exp.runs_path / f"{arm}-seed{seed}" / METRICS_FILE
             if path.is_file():
-                runs.setdefault(arm, {})[seed] = read_metrics(path)
+                runs.setdefault(arm, {})[seed] = read_records(path)
     if not runs:
         raise FileNotFoundError(f"no run of experiment {exp.name!r} under {exp.runs_path}")
     gain = exp.target_gain is not None

@@ -10,16 +10,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pcl.loop.runlog import METRICS_FILE, read_metrics
+from pcl.loop.record import title
+from pcl.loop.runlog import METRICS_FILE, read_records
 
-# metrics.jsonl key -> panel title; in the order they are drawn (left to right, top to bottom)
-PANELS = {
-    "eval_accuracy": "held-out accuracy",
-    "effective_ratio": "effective ratio (non-zero advantage)",
-    "generation_seconds": "generation time per step (s)",
-    "train_reward_mean": "train reward (mean)",
-    "value_explained_variance": "V's explained variance",
-}
+# step record field -> panel title (the field's own); in the order they are drawn (left to right, top to bottom)
+PANELS = {key: title(key) for key in ("eval_accuracy", "effective_ratio", "generation_seconds", "train_reward_mean",
+                                      "value_explained_variance")}
 SMOOTH = 5  # steps in the moving average drawn over the noisier per-step curves
 
 
@@ -51,13 +47,13 @@ def plot_runs(run_dirs: list[str | os.PathLike], out: str | os.PathLike | None =
         path = Path(run) / METRICS_FILE
         if not path.is_file():
             raise FileNotFoundError(f"{run}: no {METRICS_FILE} here")
-        runs.append((labels[i] if labels else Path(run).resolve().name, read_metrics(path)))
+        runs.append((labels[i] if labels else Path(run).resolve().name, read_records(path)))
     fig, axes = plt.subplots(2, 3, figsize=(14, 7.5))
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (key, title) in zip(axes.flat, PANELS.items()):
         for i, (label, records) in enumerate(runs):
             colour = colours[i % len(colours)]  # a run keeps its colour in every panel
-            points = [(r["step"], r[key]) for r in records if r.get(key) is not None and "step" in r]
+            points = [(r.step, r.get(key)) for r in records if r.get(key) is not None and r.step is not None]
             if not points:
                 continue
             xs, ys = zip(*points)

@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar, runtime_checkable
 import numpy as np
 
 from pcl.loop.batch import Sample
+from pcl.loop.record import StepRecord
 from pcl.data.prompts import PromptRecord
 
 T_co = TypeVar("T_co", covariant=True)
@@ -139,7 +140,7 @@ class Control(Protocol):
         counts the whole call as paused: time at a step boundary is on neither of the run's clocks.)"""
         ...
 
-    def publish(self, record: dict, policy_version: int) -> None:
+    def publish(self, record: StepRecord, policy_version: int) -> None:
         """A step (or the step-0 evaluation) was logged."""
         ...
 

@@ -21,6 +21,7 @@ from pcl.config import Config
 from pcl.loop.checkpoints import Checkpoints
 from pcl.loop.evaluation import Evaluation
 from pcl.loop.ports import Control
+from pcl.loop.record import StepRecord
 from pcl.loop.state import RunClock
 from pcl.loop.step import StepLoop
 from pcl.loop.runlog import SELECTIONS_FILE, MetricsLog
@@ -43,9 +44,9 @@ class TrainingRun:
         self.clock.start()
         if loop.state.step == 0 and self.evaluation.held_out_due(0):
             with self.clock.excluded():
-                first = {"step": 0, **self.evaluation.held_out(0, loop.policy_version),
-                         "policy_version": loop.policy_version}
-            self.log.append(first)
+                first = StepRecord(step=0, policy_version=loop.policy_version)
+                first.update(self.evaluation.held_out(0, loop.policy_version))
+            self.log.append(first.to_dict())
             self.control.publish(first, loop.policy_version)
         steps_done = 0
         for step in range(loop.state.step, cfg.run.steps):
@@ -61,15 +62,14 @@ class TrainingRun:
             with self.clock.excluded():
                 record.update(self.evaluation.after_step(step + 1, loop.policy_version, self.clock.train_elapsed(),
                                                          last=self.train_budget_spent()))
-            record["elapsed_seconds"] = self.clock.elapsed()
-            record["train_elapsed_seconds"] = self.clock.train_elapsed()
-            self.log.append(record)
+            record.elapsed_seconds, record.train_elapsed_seconds = self.clock.elapsed(), self.clock.train_elapsed()
+            self.log.append(record.to_dict())
             self.selections.append({"step": step + 1, "ids": loop.last_ids})
             self.control.publish(record, loop.policy_version)
             loop.state.step = step + 1
             steps_done += 1
             with self.clock.excluded():
-                self.checkpoints.after_step(record, suite_due="suite_average" in record)
+                self.checkpoints.after_step(record.to_dict(), suite_due=record.suite_average is not None)
         if self.checkpoints.last_step != loop.state.step:
             with self.clock.excluded():
                 self.checkpoints.save()

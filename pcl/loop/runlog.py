@@ -1,6 +1,7 @@
 """The run directory's per-step record: `RUN_DIR/metrics.jsonl`, one JSON object per step.
 
-The coordinator appends one line per committed step (flushed and fsynced, so a killed run keeps every step it
+A line is a step record (`pcl.loop.record.StepRecord.to_dict`: its keys are the record's fields). The coordinator
+appends one line per committed step (flushed and fsynced, so a killed run keeps every step it
 finished); the driver tails the same file to print one console line per step. Non-finite floats are written as
 null so every line is strict JSON.
 """
@@ -13,14 +14,11 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from pcl.loop.record import STEP_KEYS, StepRecord  # noqa: F401 - STEP_KEYS: the keys every training step carries
+
 METRICS_FILE = "metrics.jsonl"
 SELECTIONS_FILE = "selections.jsonl"  # the prompt ids each step trained on: {"step": s, "ids": [...]}
 
-# The keys every step record carries (eval_accuracy only on evaluation steps).
-STEP_KEYS = (
-    "step", "effective_ratio", "train_reward_mean", "generation_seconds", "selection_seconds", "train_seconds",
-    "weight_sync_seconds", "step_seconds", "selected_value_mean", "value_explained_variance",
-)
 
 
 def _clean(value: Any) -> Any:
@@ -42,7 +40,9 @@ class MetricsLog:
         self.path = Path(run_dir) / filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def append(self, record: dict) -> None:
+    def append(self, record: StepRecord | dict) -> None:
+        if isinstance(record, StepRecord):
+            record = record.to_dict()
         line = json.dumps(_clean(record), sort_keys=False, allow_nan=False)
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(line + "\n")
@@ -62,6 +62,11 @@ class MetricsLog:
 def read_metrics(path: str | os.PathLike) -> list[dict]:
     """All complete records of a metrics file (a torn last line from a crash is ignored)."""
     return list(iter_metrics(path))
+
+
+def read_records(path: str | os.PathLike) -> list[StepRecord]:
+    """The step records of a metrics file, typed (`read_metrics`, each line through `StepRecord.from_dict`)."""
+    return [StepRecord.from_dict(r) for r in iter_metrics(path)]
 
 
 def iter_metrics(path: str | os.PathLike, offset: int = 0) -> Iterator[dict]:

@@ -11,6 +11,7 @@ step boundary (services/control/run.py).
 
     GET  /v1/status        step, policy version, paused, tau, k, last step's metrics, queue depths, health
     GET  /v1/history       per-step records for plots (?after=STEP&limit=N, N <= HISTORY_PAGE)
+    GET  /v1/fields        the figures a step record declares (name, help, kind, label, title)
     GET  /v1/events        the event log (?after=ID&limit=N)
     POST /v1/pause         pause at the next step boundary          POST /v1/resume
     PATCH /v1/params       {"tau": 0.4, "k": 8}, from the next step
@@ -40,13 +41,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from pcl.config import ControlConfig
+from pcl.loop.record import FIGURES
 from pcl.credentials import check_token
 from services.control.guard import DOCS_CSP, RequestGuard, dashboard_csp
 from services.control.state import ControlConflict, ControlStore, ControlValueError
 from services.control.metrics import metrics_registry
 
 DASHBOARD = Path(__file__).parent / "static" / "dashboard.html"
-HISTORY_PAGE = 1000  # step records per /v1/history response (about 300 KB of JSON); page on with ?after=
+HISTORY_PAGE = 1000  # step records per /v1/history response (about 1.5 MB of JSON); page on with ?after=
 
 
 # -- models --------------------------------------------------------------------------------------------------
@@ -166,9 +168,17 @@ def history(
     after: Annotated[int, Query(ge=-1)] = -1,
     limit: Annotated[int, Query(ge=1, le=HISTORY_PAGE)] = HISTORY_PAGE,
 ) -> dict:
-    """Per-step records (step, metrics, tau, k, eval_accuracy) with step > after, oldest first; at most
-    HISTORY_PAGE per call (ask again with after= the last step for more)."""
+    """Per-step records (every figure of the step record, nulls left out) with step > after, oldest first; at
+    most HISTORY_PAGE per call (ask again with after= the last step for more)."""
     return {"records": store.history(after, limit)}
+
+
+@reads.get("/fields")
+def step_fields() -> dict:
+    """The figures a step record declares (`pcl.loop.record.StepRecord`): name, help text, kind (gauge, counter,
+    histogram, status), the label of a dict-valued figure, a short title. The dashboard offers each for plotting."""
+    return {"fields": [{"name": f.name, "help": f.help, "kind": f.kind, "label": f.label, "title": f.title or f.name}
+                       for f in FIGURES.values()]}
 
 
 @reads.get("/events", response_model=list[Event])

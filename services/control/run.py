@@ -23,7 +23,8 @@ from typing import Any, Callable
 
 import redis
 
-from services.control.state import HEARTBEAT_TTL_S, ControlStore, Desired
+from pcl.loop.record import StepRecord
+from services.control.state import HEARTBEAT_TTL_S, ControlStore, Desired, last_step
 from services.control.metrics import observation_increments
 
 log = logging.getLogger(__name__)
@@ -99,16 +100,15 @@ class RunControl:
         self._write_status(state="running", paused=False)
         return paused_s
 
-    def publish(self, record: dict, policy_version: int) -> None:
+    def publish(self, record: StepRecord | dict, policy_version: int) -> None:
         """After a step (or the step-0 evaluation) is logged: status, history and Prometheus totals."""
-        self.status.update(step=int(record["step"]), policy_version=policy_version)
-        if record.get("eval_accuracy") is not None:
-            self.status["eval"] = {"step": int(record["step"]), "accuracy": record["eval_accuracy"]}
+        record = StepRecord.coerce(record)
+        self.status.update(step=int(record.step), policy_version=policy_version)
+        if record.eval_accuracy is not None:
+            self.status["eval"] = {"step": int(record.step), "accuracy": record.eval_accuracy}
         increments = {}
-        if "step_seconds" in record:  # a training step, not the evaluation before the first one
-            self.status["last_step"] = {
-                k: v for k, v in record.items() if isinstance(v, (int, float, type(None)))
-            }
+        if record.is_training_step:  # a training step, not the evaluation before the first one
+            self.status["last_step"] = last_step(record)
             increments = observation_increments(record, self.counted)
             if self.health is not None:
                 self.status["actors"] = self.health()

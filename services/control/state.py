@@ -9,7 +9,7 @@ key holds the run name, so runs sharing one Redis never collide:
     pcl:{run}:events     stream  every change: the API's requests, and what the coordinator applied with the
                                  step it took effect (capped at about EVENTS_MAXLEN entries)
     pcl:{run}:status     string  JSON the coordinator publishes at each step boundary
-    pcl:{run}:history    zset    one compact metrics record per step, scored by step (the dashboard's plots)
+    pcl:{run}:history    zset    the figures of each step record, scored by step (the dashboard's plots)
     pcl:{run}:totals     hash    Prometheus counters and histogram buckets, accumulated over the whole run
     pcl:{run}:heartbeat  string  refreshed every few seconds by the coordinator, with a TTL (gone: it is gone)
 
@@ -33,31 +33,13 @@ from typing import Any
 
 import redis
 
+from pcl.loop.record import StepRecord
 from services.streams.topology import STREAM_GROUPS, stream_key
 
 EVENTS_MAXLEN = 10_000  # events kept (approximately); a pause/resume a minute for a week fits
 HISTORY_MAXLEN = 50_000  # step records kept for the dashboard
 HEARTBEAT_TTL_S = 30.0
 
-# What the dashboard plots of each step record.
-HISTORY_KEYS = (
-    "step",
-    "policy_version",
-    "eval_accuracy",
-    "train_reward_mean",
-    "effective_ratio",
-    "generation_seconds",
-    "selection_seconds",
-    "train_seconds",
-    "weight_sync_seconds",
-    "step_seconds",
-    "value_explained_variance",
-    "selected_value_mean",
-    "tau",
-    "k",
-    "elapsed_seconds",
-    "train_elapsed_seconds",
-)
 FINAL_STATES = ("finished", "failed")
 
 
@@ -81,6 +63,19 @@ class Desired:
     k: int | None = None
     checkpoint: dict | None = None  # the pending checkpoint request: {"id", "requested_at"}
     k_max: int | None = None
+
+
+def last_step(record: StepRecord) -> dict[str, Any]:
+    """A step record as the control state keeps it (the status's last step, a history row): every figure of
+    `pcl.loop.record.StepRecord` (and its `extra`) that is a number or null, or a dict of them (a figure by
+    label, e.g. per worker)."""
+
+    def kept(value: Any) -> bool:
+        if isinstance(value, dict):
+            return all(kept(v) for v in value.values())
+        return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+    return {key: value for key, value in record.to_dict().items() if kept(value)}
 
 
 def _loads(text: str | None) -> Any:
@@ -370,10 +365,12 @@ class ControlStore:
     def write_status(self, status: dict) -> None:
         self.client.set(self.status_key, json.dumps(_finite(status), allow_nan=False))
 
-    def add_history(self, record: dict) -> None:
-        """Store a step's record; records of later steps (left by a run this one resumed) are dropped."""
-        row = {key: _finite(record[key]) for key in HISTORY_KEYS if key in record}
-        step = int(record["step"])
+    def add_history(self, record: StepRecord | dict) -> None:
+        """Store a step's record (its figures, nulls left out); records of later steps (left by a run this one
+        resumed) are dropped."""
+        record = StepRecord.coerce(record)
+        row = {key: value for key, value in _finite(last_step(record)).items() if value is not None}
+        step = int(record.step)
         pipe = self.client.pipeline()
         pipe.zremrangebyscore(self.history_key, step, "+inf")
         pipe.zadd(self.history_key, {json.dumps(row): step})

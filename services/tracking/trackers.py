@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pcl.config import Config, ConfigError
+from pcl.loop.record import StepRecord, check_keys
 from services.tracking.backends import ADAPTERS, flat_config
 
 TRACKERS_FILE = "trackers.json"
@@ -36,6 +37,7 @@ LIBRARIES = {"tensorboard": ("tensorboard", "tensorboard"), "wandb": ("wandb", "
              "mlflow": ("mlflow", "mlflow"), "trackio": ("trackio", "trackio")}
 RELAYED_EVENTS = {"params_applied", "params_refused", "paused", "resumed", "checkpoint_written"}
 NOT_METRICS = {"step", "policy_version"}  # the global step itself, and a counter that equals it
+check_keys(NOT_METRICS, "services.tracking.trackers.NOT_METRICS")
 
 
 def check_backends(cfg: Config) -> None:
@@ -65,15 +67,24 @@ def tracker_key(name: str) -> str:
     return f"pcl/{name}"
 
 
-def tracker_metrics(record: dict) -> dict[str, float]:
-    """The finite numbers of a metrics record under their tracker keys (None, NaN, strings and lists left out)."""
+def tracker_metrics(record: StepRecord | dict) -> dict[str, float]:
+    """The finite numbers of a step record (`pcl.loop.record.StepRecord`, or a metrics.jsonl line) under their
+    tracker keys, a dict-valued figure one key per entry (`pcl/<name>/<key>`); None, NaN, strings and lists left
+    out."""
     out = {}
-    for name, value in record.items():
-        if name in NOT_METRICS or isinstance(value, bool) or not isinstance(value, (int, float)):
+    for name, value in _line(record).items():
+        if name in NOT_METRICS:
             continue
-        if math.isfinite(value):
-            out[tracker_key(name)] = float(value)
+        values = {f"{tracker_key(name)}/{k}": v for k, v in value.items()} if isinstance(value, dict) else {
+            tracker_key(name): value}
+        for key, v in values.items():
+            if not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v):
+                out[key] = float(v)
     return out
+
+
+def _line(record: StepRecord | dict) -> dict:
+    return record.to_dict() if isinstance(record, StepRecord) else record
 
 
 class Trackers:
@@ -113,8 +124,9 @@ class Trackers:
     def last_step(self) -> int:
         return int(self.state.get("last_step", -1))
 
-    def commit(self, record: dict) -> bool:
+    def commit(self, record: StepRecord | dict) -> bool:
         """Send one metrics record at its step; False (nothing sent) for a step at or before the last one sent."""
+        record = _line(record)
         step = int(record.get("step", -1))
         if step <= self.last_step or not self.adapters:
             return False
