@@ -127,7 +127,7 @@ def _cmd_control(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)  # the defaults when no --config
     if not (args.run or args.config):
         raise ConfigError("pcl control needs --run NAME (the run's run.name) or --config CONFIG")
-    url = args.redis_url or cfg.redis.url or os.environ.get("REDIS_URL")
+    url = args.redis_url or cfg.redis.url  # redis.url: REDIS_URL when the config leaves it unset (pcl.config)
     if not url:
         raise ConfigError("pcl control needs --redis-url (or REDIS_URL, or redis.url in --config)")
     from services.control.server import serve_forever

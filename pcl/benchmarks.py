@@ -18,7 +18,6 @@ through its rollout fleet.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -48,9 +47,10 @@ def best_score(record: dict[str, Any], best_by: str) -> float:
 
 
 def eval_data_root(given: str | None) -> str | None:
-    """Where the benchmarks' local copies are: `given`, else PCL_DATA_ROOT, else SHARED_DATA when it exists;
-    a root without the files but with a `math/` folder holding them means that folder. None: the hub."""
-    root = given or os.environ.get("PCL_DATA_ROOT")
+    """Where the benchmarks' local copies are: `given` (data.root, which the config loader fills from PCL_DATA_ROOT),
+    else SHARED_DATA when it exists; a root without the files but with a `math/` folder holding them means that
+    folder. None: the hub."""
+    root = given
     if root is None:
         if not SHARED_DATA.is_dir():
             return None

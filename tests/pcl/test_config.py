@@ -97,3 +97,53 @@ def test_override_syntax():
         parse_override("selection.tau")
     with pytest.raises(ConfigError, match="empty key"):
         parse_override("a..b=1")
+
+
+# -- environment fallbacks: command line > YAML layers > environment (keys left unset) > defaults ---------------
+
+
+def test_the_environment_fills_only_the_keys_the_config_leaves_unset(tmp_path, monkeypatch):
+    from pcl.config import ENV_FALLBACKS
+
+    env = {"REDIS_URL": "redis://env-host:6379/0", "PCL_DATA_ROOT": "/env/data",
+           "PCL_API_TOKEN": "env-token-0123456789abcdef0123456789", "MLFLOW_TRACKING_URI": "http://env-mlflow"}
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    assert set(ENV_FALLBACKS.values()) == set(env)
+    cfg = load_config(None)  # defaults only: every key from the environment
+    assert (cfg.redis.url, cfg.data.root, cfg.control.token, cfg.logging.mlflow_tracking_uri) == tuple(env.values())
+    base = tmp_path / "base.yaml"
+    base.write_text("redis: {url: 'redis://yaml-host:6379/0'}\ndata: {root: /yaml/data}\n")
+    cfg = load_config(base)  # the YAML wins over the environment; keys it leaves unset still fall back
+    assert (cfg.redis.url, cfg.data.root) == ("redis://yaml-host:6379/0", "/yaml/data")
+    assert cfg.logging.mlflow_tracking_uri == "http://env-mlflow"
+    layer = tmp_path / "layer.yaml"
+    layer.write_text("data: {root: /layer/data}\n")
+    cfg = load_config([base, layer], ["redis.url=redis://cli-host:6379/0"])  # command line > later layer > YAML
+    assert (cfg.redis.url, cfg.data.root) == ("redis://cli-host:6379/0", "/layer/data")
+    for var in env:
+        monkeypatch.delenv(var)
+    cfg = load_config(None)  # nothing set anywhere: the defaults
+    assert (cfg.redis.url, cfg.data.root, cfg.control.token, cfg.logging.mlflow_tracking_uri) == (None,) * 4
+
+
+def test_an_empty_variable_is_unset_and_a_weak_token_is_named_not_shown(monkeypatch):
+    monkeypatch.setenv("REDIS_URL", "")
+    assert load_config(None).redis.url is None
+    monkeypatch.setenv("PCL_API_TOKEN", "short-token")
+    with pytest.raises(ConfigError, match="PCL_API_TOKEN") as info:
+        load_config(None)
+    assert "short-token" not in str(info.value)
+    strong = "a-strong-token-0123456789abcdef01234"
+    assert load_config(None, [f"control.token={strong}"]).control.token == strong  # set: the variable is not read
+
+
+def test_the_environment_is_read_only_by_the_config_loader():
+    """REDIS_URL, PCL_DATA_ROOT, PCL_API_TOKEN and MLFLOW_TRACKING_URI are read in pcl/config.py and nowhere else."""
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    read = re.compile(r"environ(?:\.get)?\s*[\(\[]\s*[\"'](REDIS_URL|PCL_DATA_ROOT|PCL_API_TOKEN|MLFLOW_TRACKING_URI)")
+    readers = sorted(str(p.relative_to(root)) for top in ("pcl", "services", "actors", "entrypoints", "bench")
+                     for p in (root / top).rglob("*.py") if read.search(p.read_text()))
+    assert readers == [], f"read where the value is used, not through the config loader: {readers}"

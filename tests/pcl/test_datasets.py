@@ -27,8 +27,10 @@ def test_short_and_hub_names_are_the_same_dataset():
 
 
 def test_the_math_training_set_by_name_from_the_data_root(monkeypatch):
-    monkeypatch.setenv("PCL_DATA_ROOT", str(MATH))
-    records, report = load_prompts(DataConfig(source="math", template="qwen_base"))
+    from pcl.config import load_config
+
+    monkeypatch.setenv("PCL_DATA_ROOT", str(MATH))  # data.root unset: the config loader takes it from here
+    records, report = load_prompts(load_config(None, ["data.source=math", "data.template=qwen_base"]).data)
     assert (report.total, report.kept, report.skipped_empty_answer) == (7474, 7470, 4)
     by_hub, _ = load_prompts(DataConfig(source="DigitalLearningGmbH/MATH-lighteval", root=str(MATH)))
     assert [r.id for r in by_hub] == [r.id for r in records]

@@ -62,8 +62,8 @@ def test_data_root_defaults_to_the_shared_data_beside_the_repo(monkeypatch, tmp_
     monkeypatch.delenv("PCL_DATA_ROOT", raising=False)
     assert ev.eval_data_root(None) == str(MATH)  # shared/data holds the files in math/
     assert ev.eval_data_root(str(MATH.parent)) == ev.eval_data_root(str(MATH)) == str(MATH)
-    monkeypatch.setenv("PCL_DATA_ROOT", str(tmp_path))
-    assert ev.eval_data_root(None) == str(tmp_path)
+    monkeypatch.setenv("PCL_DATA_ROOT", str(tmp_path))  # data.root unset: the config loader takes it from here
+    assert ev.eval_data_root(load_config(None).data.root) == str(tmp_path)
     assert ev.default_out_dir("runs/q/checkpoints/step-000120/policy", "/x/runs/q/checkpoints/step-000120/policy") \
         == Path("evals/q-step-000120")
     assert ev.default_out_dir("tiny", "/c/pcl/tiny/seed-0") == Path("evals/tiny")

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from pcl.config import RedisConfig
+from pcl.config import RedisConfig, load_config
 from services.redis_server import RedisUnavailable, connect, make_client, masked, open_redis, ping, start_embedded
 
 pytestmark = pytest.mark.redis
@@ -62,10 +62,10 @@ def test_open_redis_prefers_config_url_then_env_then_embedded(monkeypatch, redis
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens on port 1
     with open_redis(RedisConfig(url=redis_url), tmp_path) as handle:
         assert handle.url == redis_url and not handle.embedded
-    with pytest.raises(RedisUnavailable, match="127.0.0.1:1"):
-        open_redis(RedisConfig(), tmp_path)
+    with pytest.raises(RedisUnavailable, match="127.0.0.1:1"):  # redis.url unset: the loader takes REDIS_URL
+        open_redis(load_config(None).redis, tmp_path)
     monkeypatch.setenv("REDIS_URL", redis_url)
-    with open_redis(RedisConfig(), tmp_path) as handle:
+    with open_redis(load_config(None).redis, tmp_path) as handle:
         assert handle.url == redis_url and not handle.embedded
     monkeypatch.delenv("REDIS_URL")
     with open_redis(RedisConfig(appendonly=True), tmp_path / "run-redis") as handle:
