@@ -38,7 +38,7 @@ from pcl.loop.resume import resume_strategy
 from pcl.rl import effective_ratio, explained_variance
 from pcl.loop.record import StepRecord
 from pcl.loop.rounds import RoundLedger
-from pcl.strategies import Request, Strategy
+from pcl.strategies.base import Request, StepStrategy
 
 
 class StepTimer(dict):
@@ -77,7 +77,7 @@ class StepBatch:
 class StepLoop:
     """The algorithm, one step at a time, on its ports; its state survives a restart through `state_dict`."""
 
-    def __init__(self, cfg: Config, strategy: Strategy, prompts: Prompts, scorer: Scorer | None, rollouts: Rollouts,
+    def __init__(self, cfg: Config, strategy: StepStrategy, prompts: Prompts, scorer: Scorer | None, rollouts: Rollouts,
                  learner: Learner, run_dir: str, clock: Clock | None = None):
         self.cfg, self.strategy, self.run_dir = cfg, strategy, run_dir
         self.prompts, self.scorer, self.rollouts, self.learner = prompts, scorer, rollouts, learner
@@ -131,22 +131,20 @@ class StepLoop:
         candidates, let the strategy choose what to generate, generate and verify, show it the rewards; until
         its batch is ready. Sample indices continue across rounds (the ledger), so records never collide."""
         strategy, batch = self.strategy, StepBatch(RoundLedger())
-        strategy.begin_step(step)
-        batch.ledger.carry_in(strategy.carried_samples())  # SPEED's D_accepted from earlier steps (carry_over)
+        batch.ledger.carry_in(strategy.start_step(step))  # SPEED's D_accepted from earlier steps (carry_over)
         while not strategy.ready:
             with timer("selection_seconds"):
                 candidates, values = self.candidates(strategy.next_request())  # 1-2. candidates, V(x)
                 rollouts = strategy.propose(candidates, values)  # 3. e.g. the m closest to tau
                 probe = self.choose_probe(candidates, values, rollouts, batch)
-                if strategy.pipelined:
+                if strategy.needs.prefetch:
                     self.prefetch_candidates()  # the next step's, scored while this one generates
             samples = self.generate(step, [(r.prompt, r.n, r.train) for r in rollouts], probe, batch, timer)  # 4-5.
             batch.ledger.add(samples)
             rewards = batch.ledger.round_rewards(samples)
             batch.probe_rates += [float(rewards[i].mean()) for i in batch.probe_ids[len(batch.probe_rates):]]
             strategy.observe({r.prompt.id: rewards[r.prompt.id] for r in rollouts})
-        batch.prompts = strategy.finish_step()
-        strategy.carry(batch.ledger.samples_of(strategy.carry_ids))
+        batch.prompts = strategy.end_step(batch.ledger.samples_of)  # SPEED keeps D_accepted's samples
         return batch
 
     def generate(self, step: int, wanted: list[tuple[PromptRecord, int, bool]], probe: list[PromptRecord],
@@ -185,12 +183,12 @@ class StepLoop:
     def prefetch_candidates(self) -> None:
         """Draw the next step's candidates now and have V score them while this step generates. V then scores
         them before it trains on this step's results: one update staler than without pipelining."""
-        candidates = self.prompts.sample(self.strategy.pool_size)
+        candidates = self.prompts.sample(self.strategy.needs.prefetch)
         self.state.prefetched = (candidates, self._scorer().score([c.prompt_token_ids for c in candidates]))
 
     def train_value(self, selected: list[PromptRecord], pass_rates: np.ndarray):
         """Start V's step on the selected prompts (step 8); runs beside the policy step."""
-        if not self.strategy.needs_values:
+        if not self.strategy.needs.values:
             return None
         return self._scorer().train([p.prompt_token_ids for p in selected], pass_rates.tolist())
 
@@ -227,7 +225,7 @@ class StepLoop:
         strategy filters on them (prefilter) or the run directory has them (`pcl.loop.reference`)."""
         if self.reference is not None:
             return
-        n_pre = self.strategy.reference_rollouts
+        n_pre = self.strategy.needs.reference_rollouts
         self.reference = reference_pass_rates(self.rollouts, self.prompts, self.run_dir, self.cfg.model.path, n_pre,
                                               self.policy_version, timed=timer)
         if n_pre:

@@ -4,38 +4,56 @@
     strategy = make_strategy(cfg.selection, m=cfg.run.m, seed=cfg.run.seed, n=cfg.run.n)
     strategy.tune(tau=0.4)                            # the control plane's only way in: validated, from next step
 
-The round protocol (`begin_step`, `next_request`, `propose`, `observe`, `ready`, `finish_step`) is described
-in `pcl.strategies.base`; every strategy keeps its state in `state_dict()` / `load_state_dict()` and reports
-`metrics()`. One module per strategy, each registered in STRATEGIES under its `selection.type`:
-
-    uniform            plain GRPO: m prompts from the sampler
-    prefilter          reference-policy pass rates, keep p_low < p < p_high, then uniform
-    dynamic_sampling   DAPO: roll out k*m, keep 0 < p < 1, repeat until m are kept (round-limit safeguard)
-    speed              SPEED: n_init screening rollouts, n - n_init more for the accepted (carried across steps)
-    greso              GRESO: dynamic sampling that skips prompts with all-equal reward histories
-    pcl                the value model picks the m of k*m candidates closest to tau
-    probe              the paper's difficulty experiment: rollout estimates pick the m closest to target_p
+The loop's view of a strategy (`StepStrategy`) and the base class are in `pcl.strategies.base`; one module per
+strategy (docs/strategies.md lists them). The registry, `STRATEGIES` (selection.type -> class), is derived from
+the config's `Selection` union: each section in the union has exactly one strategy class in this package whose
+`config` is that section, and its name is the section's `type`. A new strategy is its module here and its
+section in the union (`pcl/config_schema.py`); nothing else names it.
 """
 
 from __future__ import annotations
 
-from pcl.strategies.base import Request, Rollout, Strategy, Tunable
-from pcl.strategies.dynamic_sampling import DynamicSamplingStrategy
-from pcl.strategies.greso import GresoStrategy
-from pcl.strategies.prefilter import PrefilterStrategy
-from pcl.strategies.probe import ProbeStrategy
-from pcl.strategies.prompt_curriculum import PCLStrategy
-from pcl.strategies.speed import SpeedStrategy
-from pcl.strategies.uniform import UniformStrategy
+import importlib
+import pkgutil
+from typing import Any, get_args
 
-__all__ = ["Request", "Rollout", "Strategy", "Tunable", "STRATEGIES", "strategy_class", "make_strategy",
-           "check_strategy", "UniformStrategy", "PCLStrategy", "PrefilterStrategy", "DynamicSamplingStrategy",
-           "SpeedStrategy", "GresoStrategy", "ProbeStrategy"]
+from pcl.config_schema import Selection
+from pcl.strategies.base import Needs, Request, Rollout, StepStrategy, Strategy, Tunable
 
-# selection.type -> the strategy class: the one place a strategy is registered.
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (
-    UniformStrategy, PCLStrategy, PrefilterStrategy, DynamicSamplingStrategy, SpeedStrategy, GresoStrategy,
-    ProbeStrategy)}
+__all__ = ["Needs", "Request", "Rollout", "StepStrategy", "Strategy", "Tunable", "STRATEGIES", "strategy_class",
+           "strategy_registry", "make_strategy", "check_strategy"]
+
+
+def _strategy_classes() -> list[type[Strategy]]:
+    """Every strategy class of this package's modules (imported here), those with a `config` section."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    found, todo = [], list(Strategy.__subclasses__())
+    while todo:
+        cls = todo.pop(0)
+        todo.extend(cls.__subclasses__())
+        if cls.__dict__.get("config") is not None and cls.__module__.startswith(f"{__name__}."):
+            found.append(cls)
+    return found
+
+
+def strategy_registry(union: Any = Selection) -> dict[str, type[Strategy]]:
+    """selection.type -> strategy class, in the union's order: a TypeError names a section without a strategy
+    class, or a strategy class whose section is not in the union."""
+    sections = get_args(get_args(union)[0])
+    classes = _strategy_classes()
+    by_section = {cls.config: cls for cls in classes}
+    missing = [s.__name__ for s in sections if s not in by_section]
+    if missing:
+        raise TypeError(f"{', '.join(missing)}: no strategy class in pcl/strategies/ has it as its `config`")
+    orphans = [f"{cls.__name__}'s config {cls.config.__name__}" for cls in classes if cls.config not in sections]
+    if orphans:
+        raise TypeError(f"{'; '.join(orphans)} is not in the selection union (pcl/config_schema.py, Selection)")
+    return {s.model_fields["type"].default: by_section[s] for s in sections}
+
+
+# selection.type -> the strategy class, derived from the config's union.
+STRATEGIES: dict[str, type[Strategy]] = strategy_registry()
 
 
 def strategy_class(selection) -> type[Strategy]:

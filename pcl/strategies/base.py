@@ -1,19 +1,23 @@
 """The interface every selection strategy implements, and the pieces several of them share.
 
-A strategy decides, within one training step, what work to ask for and when the batch is ready. The
-coordinator drives it in rounds, all generated with the step's policy version:
+A strategy decides, within one training step, what work to ask for and when the batch is ready. The step loop
+(`pcl.loop.step`) sees it through `StepStrategy`, in rounds all generated with the step's policy version:
 
-    strategy.begin_step(step)
+    needs = strategy.needs                                  # Needs(values, reference_rollouts, prefetch)
+    strategy.load_reference(pass_rates)                     # once, before step 1, when needs.reference_rollouts
+    carried = strategy.start_step(step)                     # samples carried in from earlier steps (SPEED)
     while not strategy.ready:
         request = strategy.next_request()                   # Request(draw=..., score=...)
         candidates = sampler.sample(request.draw)           # fresh candidates (none when draw == 0)
         values = scorer.score(candidates) if request.score else None
         rollouts = strategy.propose(candidates, values)     # [Rollout(prompt, n)]: what to generate now
         strategy.observe(rewards_by_prompt_id)              # this round's rewards of those prompts
-    prompts = strategy.finish_step()                        # the m prompts to train on, in order
-    strategy.carry(samples of strategy.carry_ids)           # SPEED with carry_over: D_accepted's samples
+    prompts = strategy.end_step(ledger.samples_of)          # the m prompts to train on, in order
+    strategy.metrics(); strategy.state_dict(); strategy.load_state_dict(state)
 
-(`strategy.carried_samples()`, added to the step's rounds after `begin_step`, are those carried samples.)
+`Strategy` implements that view over a subclass's hooks: `begin_step` and `finish_step` (`start_step` and
+`end_step` call them; SPEED's carried samples live in its own `start_step` / `end_step`), `needs` from the
+class's `needs_values`.
 
 The strategy never sees Ray, Redis or a model: it holds plain `PromptRecord`s and reward arrays, so each is
 unit-tested on its own. It keeps what must survive a restart in `state_dict()` / `load_state_dict()` (JSON
@@ -22,7 +26,8 @@ types only) and reports its figures in `metrics()`.
 What a strategy needs from the run is written on its class, readable without building one (the driver places
 the value scorer by `needs_values`): `needs_values`, `uses_reference`, `tunable` (the settings the control
 plane may change between steps, with their bounds; `tune(**changes)` is the only way they change) and
-`config` (its `selection:` section). `from_config` builds one from that section.
+`config` (its `selection:` section, whose `type` is the strategy's `name`). `from_config` builds one from that
+section. The registry of strategies is derived from the config's `Selection` union (`pcl.strategies`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -62,6 +67,46 @@ class Rollout:
 
 
 @dataclass(frozen=True)
+class Needs:
+    """What a strategy needs from the run, beyond candidates and rollouts."""
+
+    values: bool = False  # V scores candidates (and is trained on the batch)
+    reference_rollouts: int = 0  # n_pre: rollouts per training prompt with the initial policy, before step 1
+    prefetch: int = 0  # candidates the loop draws and V scores during a step, for the next one (0: none)
+
+
+@runtime_checkable
+class StepStrategy(Protocol):
+    """The loop's view of a selection strategy: what `pcl.loop.step.StepLoop` calls, and nothing else."""
+
+    name: str
+
+    @property
+    def needs(self) -> Needs: ...
+
+    @property
+    def ready(self) -> bool: ...
+
+    def load_reference(self, pass_rates: Mapping[str, float]) -> None: ...
+
+    def start_step(self, step: int) -> list[Sample]: ...
+
+    def next_request(self) -> Request: ...
+
+    def propose(self, candidates: Sequence[PromptRecord], values: np.ndarray | None) -> list[Rollout]: ...
+
+    def observe(self, rewards: Mapping[str, np.ndarray]) -> None: ...
+
+    def end_step(self, samples_of: Callable[[Sequence[str]], list[Sample]]) -> list[PromptRecord]: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
 class Tunable:
     """A setting the control plane may change between steps: its type and closed bounds (None: unbounded)."""
 
@@ -86,14 +131,17 @@ class Tunable:
 class Strategy:
     """The base of every selection strategy: the round protocol and the per-step bookkeeping."""
 
-    name: ClassVar[str] = "base"
+    name: ClassVar[str] = "base"  # its section's `type` (set from `config`)
     config: ClassVar[type | None] = None  # its `selection:` section (a pcl.config model)
     needs_values: ClassVar[bool] = False  # whether the value model scores candidates (and is trained on the batch)
     uses_reference: ClassVar[bool] = False  # whether it filters on the initial policy's pass rates (prefilter)
     tunable: ClassVar[dict[str, Tunable]] = {}  # what tune() may change between steps
     adapted: ClassVar[tuple[str, ...]] = ()  # settings it adapts while training (config: the starting value)
-    reference_rollouts: int = 0  # n_pre: rollouts per training prompt with the initial policy, before step 1
-    pipelined: bool = False  # whether the next step's candidates may be drawn and scored during this step
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("config") is not None:
+            cls.name = cls.config.model_fields["type"].default
 
     def __init__(self, m: int, n: int):
         self.check_run(m, n)
@@ -129,9 +177,25 @@ class Strategy:
             setattr(self, key, value)
         return changed
 
-    def tunable_values(self) -> dict[str, Any]:
-        """The current value of every tunable setting."""
-        return {key: getattr(self, key) for key in self.tunable}
+    # -- the loop's view (`StepStrategy`) ---------------------------------------------------------------
+
+    @property
+    def needs(self) -> Needs:
+        """What this strategy needs from the run (V's scores; the reference pass rates; prefetched candidates)."""
+        return Needs(values=self.needs_values)
+
+    def load_reference(self, pass_rates: Mapping[str, float]) -> None:
+        """The initial policy's pass rate of every training prompt, once before step 1 (`needs.reference_rollouts`)."""
+
+    def start_step(self, step: int) -> list[Sample]:
+        """Begin step `step` (0-based); returns the samples of earlier steps that its rounds continue (none here)."""
+        self.begin_step(step)
+        return []
+
+    def end_step(self, samples_of: Callable[[Sequence[str]], list[Sample]]) -> list[PromptRecord]:
+        """The step's batch (`finish_step`); `samples_of(prompt ids)` gives the step's samples of those prompts,
+        for a strategy that keeps some for the next step."""
+        return self.finish_step()
 
     # -- the round protocol ----------------------------------------------------------------------------
 
@@ -159,21 +223,6 @@ class Strategy:
     def finish_step(self) -> list[PromptRecord]:
         """The step's batch: m prompts whose samples (from all rounds) are trained on, in order."""
         raise NotImplementedError
-
-    # -- samples carried across steps (SPEED with carry_over; none elsewhere) ----------------------------
-
-    def carried_samples(self) -> list[Sample]:
-        """Samples generated in earlier steps that this step's rounds continue (the coordinator adds them to the
-        step's ledger right after `begin_step`)."""
-        return []
-
-    @property
-    def carry_ids(self) -> list[str]:
-        """After `finish_step`: the prompts whose samples the next step continues."""
-        return []
-
-    def carry(self, samples: Sequence[Sample]) -> None:
-        """After `finish_step`: the samples of `carry_ids`, kept for the next step (and in `state_dict`)."""
 
     # -- state and figures -----------------------------------------------------------------------------
 

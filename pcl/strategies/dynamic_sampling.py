@@ -12,7 +12,6 @@ from pcl.strategies.base import RolloutFilter, Tunable
 
 
 class DynamicSamplingStrategy(RolloutFilter):
-    name = "dynamic_sampling"
     config = DynamicSamplingSelection
     tunable = {"k": Tunable(int, 1)}
 

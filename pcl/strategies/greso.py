@@ -29,7 +29,6 @@ KEEP_FLOOR = 0.01  # a prompt on any streak is still rolled out with at least th
 
 
 class GresoStrategy(RolloutFilter):
-    name = "greso"
     config = GresoSelection
     tunable = {"k": Tunable(float, 1.0)}
     adapted = ("p_easy", "p_hard")

@@ -15,13 +15,12 @@ import numpy as np
 
 from pcl.config import PrefilterSelection
 from pcl.data.prompts import PromptRecord
-from pcl.strategies.base import Request, Rollout, Strategy, pool_draw
+from pcl.strategies.base import Needs, Request, Rollout, Strategy, pool_draw
 
 MAX_DRAWS = 64  # draws of one step before giving up: the admitted set is checked to hold >= m prompts
 
 
 class PrefilterStrategy(Strategy):
-    name = "prefilter"
     config = PrefilterSelection
     uses_reference = True
 
@@ -33,12 +32,17 @@ class PrefilterStrategy(Strategy):
         super().__init__(m, n)
         if not 0 <= p_low < p_high <= 1:
             raise ValueError(f"prefilter: need 0 <= p_low < p_high <= 1, got p_low={p_low}, p_high={p_high}")
-        self.reference_rollouts, self.p_low, self.p_high = n_pre, p_low, p_high
+        self.n_pre, self.p_low, self.p_high = n_pre, p_low, p_high
         self.admitted: set[str] | None = None
         self.share = 1.0  # admitted share of the training set
         self.dataset_size = 0
         self.batch: list[PromptRecord] = []
         self.draws = 0
+
+    @property
+    def needs(self) -> Needs:
+        """n_pre rollouts of every training prompt with the initial policy, before the first step."""
+        return Needs(reference_rollouts=self.n_pre)
 
     def load_reference(self, pass_rates: Mapping[str, float]) -> None:
         """The reference pass rate of every training prompt (prompt id -> mean reward of n_pre rollouts)."""

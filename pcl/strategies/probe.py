@@ -22,7 +22,6 @@ from pcl.strategies.base import Request, Rollout, Strategy, Tunable
 
 
 class ProbeStrategy(Strategy):
-    name = "probe"
     config = ProbeSelection
     tunable = {"target_p": Tunable(float, 0.0, 1.0), "k": Tunable(int, 1)}
 

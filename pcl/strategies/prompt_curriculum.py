@@ -14,11 +14,10 @@ import numpy as np
 from pcl.config import PCLSelection
 from pcl.data.prompts import PromptRecord
 from pcl.strategies.selection import select_closest
-from pcl.strategies.base import Request, Rollout, Strategy, Tunable
+from pcl.strategies.base import Needs, Request, Rollout, Strategy, Tunable
 
 
 class PCLStrategy(Strategy):
-    name = "pcl"
     config = PCLSelection
     needs_values = True
     tunable = {"tau": Tunable(float, 0.0, 1.0), "k": Tunable(int, 1)}
@@ -32,6 +31,11 @@ class PCLStrategy(Strategy):
     @classmethod
     def from_config(cls, selection: PCLSelection, m: int, n: int, seed: int = 0) -> "PCLStrategy":
         return cls(m, n, selection.tau, selection.k, selection.pipelined)
+
+    @property
+    def needs(self) -> Needs:
+        """V's scores; with `pipelined`, the next step's k*m candidates drawn and scored during this step."""
+        return Needs(values=True, prefetch=self.pool_size if self.pipelined else 0)
 
     @property
     def pool_size(self) -> int:

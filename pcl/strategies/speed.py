@@ -20,14 +20,14 @@ indices 0..n-1). `carry_over` decides what happens to accepted prompts that were
     false  (on-policy) they are dropped at the end of the step: every response of the batch comes from the
            step's policy, at the price of more rounds per step.
 
-The coordinator adds `carried_samples()` to the step's rounds at `begin_step` and hands back the samples of
-`carry_ids` with `carry()` after `finish_step`.
+`start_step` hands the step loop the carried screening samples for the step's rounds; `end_step` takes back,
+from the step's samples, those of the prompts it carries on.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 
 class SpeedStrategy(Strategy):
-    name = "speed"
     config = SpeedSelection
     tunable = {"k": Tunable(int, 1)}
 
@@ -82,6 +81,17 @@ class SpeedStrategy(Strategy):
         self.screened = self.accepted_now = self.filled = 0
 
     # -- carried samples (carry_over) --------------------------------------------------------------------------
+
+    def start_step(self, step: int) -> list[Sample]:
+        """Begin the step; returns the screening samples of D_accepted from earlier steps, for its rounds."""
+        self.begin_step(step)
+        return self.carried_samples()
+
+    def end_step(self, samples_of: Callable[[Sequence[str]], list[Sample]]) -> list[PromptRecord]:
+        """The batch; D_accepted's screening samples (of `carry_ids`) are kept for the next step."""
+        batch = self.finish_step()
+        self.carry(samples_of(self.carry_ids))
+        return batch
 
     def carried_samples(self) -> list[Sample]:
         """Screening samples from earlier steps of the prompts in D_accepted, for this step's rounds."""

@@ -12,7 +12,6 @@ from pcl.strategies.base import Request, Rollout, Strategy
 
 
 class UniformStrategy(Strategy):
-    name = "uniform"
     config = UniformSelection
 
     @classmethod

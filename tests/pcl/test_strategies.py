@@ -5,19 +5,27 @@ each keeps, bounded rounds with counted shortfalls, adaptation, and state round 
 from __future__ import annotations
 
 import json
+from typing import Annotated, Literal, Union, get_args
 
 import numpy as np
 import pytest
+from pydantic import Field
 
 from pcl.loop.batch import Sample, group_samples
 from pcl.config import (DynamicSamplingSelection, GresoSelection, PCLSelection, PrefilterSelection, ProbeSelection,
-                        SpeedSelection, UniformSelection)
+                        Section, Selection, SpeedSelection, UniformSelection)
 from pcl.data.prompts import PromptRecord
 from pcl.loop.rounds import ESTIMATE_BASE, RoundLedger
 from pcl.data.sampler import PromptSampler
-from pcl.strategies import (STRATEGIES, DynamicSamplingStrategy, GresoStrategy, PCLStrategy, PrefilterStrategy,
-                            ProbeStrategy, SpeedStrategy, UniformStrategy, check_strategy, make_strategy,
-                            strategy_class)
+from pcl.strategies import STRATEGIES, check_strategy, make_strategy, strategy_class, strategy_registry
+from pcl.strategies.base import Needs
+from pcl.strategies.dynamic_sampling import DynamicSamplingStrategy
+from pcl.strategies.greso import GresoStrategy
+from pcl.strategies.prefilter import PrefilterStrategy
+from pcl.strategies.probe import ProbeStrategy
+from pcl.strategies.prompt_curriculum import PCLStrategy
+from pcl.strategies.speed import SpeedStrategy
+from pcl.strategies.uniform import UniformStrategy
 from pcl.data.fingerprint import data_fingerprint
 from pcl.data.reference_rates import load_reference, pass_rates, save_reference
 
@@ -47,8 +55,7 @@ class World:
         """One step through the protocol; returns (batch prompts, groups [m, n], ledger, rounds). With
         full=False the batch may hold fewer than m prompts (dynamic sampling's `shrink` at its round limit)."""
         ledger, rounds = RoundLedger(), 0
-        strategy.begin_step(step)
-        ledger.carry_in(strategy.carried_samples())
+        ledger.carry_in(strategy.start_step(step))
         while not strategy.ready:
             request = strategy.next_request()
             candidates = self.draw(request.draw) if request.draw else []
@@ -63,8 +70,7 @@ class World:
             strategy.observe({r.prompt.id: rewards[r.prompt.id] for r in rollouts})
             rounds += 1
             assert rounds < 100, "the strategy never became ready"
-        batch = strategy.finish_step()
-        strategy.carry(ledger.samples_of(strategy.carry_ids))
+        batch = strategy.end_step(ledger.samples_of)
         ids = [p.id for p in batch]
         assert len(ids) == len(set(ids)) and (len(ids) == strategy.m if full else 1 <= len(ids) <= strategy.m)
         groups = group_samples(ledger.samples_of(ids), ids, strategy.n)  # raises on a missing / extra index
@@ -378,9 +384,11 @@ def test_make_strategy_builds_every_configured_type():
     for section, cls in kinds:
         strategy = make_strategy(section, 8, 0, n=8)
         assert type(strategy) is cls and strategy.name == section.type
-    assert make_strategy(PCLSelection(pipelined=True), 8, n=8).pipelined
-    assert make_strategy(PrefilterSelection(n_pre=6), 8, n=8).reference_rollouts == 6
-    assert make_strategy(PrefilterSelection(), 8, n=8).reference_rollouts == 16  # the paper's n_pre
+    assert make_strategy(PCLSelection(pipelined=True), 8, n=8).needs == Needs(values=True, prefetch=32)
+    assert make_strategy(PCLSelection(), 8, n=8).needs == Needs(values=True)
+    assert make_strategy(PrefilterSelection(n_pre=6), 8, n=8).needs == Needs(reference_rollouts=6)
+    assert make_strategy(PrefilterSelection(), 8, n=8).needs.reference_rollouts == 16  # the paper's n_pre
+    assert make_strategy(UniformSelection(), 8, n=8).needs == Needs()
     speed = make_strategy(SpeedSelection(), 8, n=16)
     assert (speed.k, speed.n_init) == (2, 4)
     greso_first = make_strategy(GresoSelection(), 512, n=16)
@@ -405,6 +413,23 @@ def test_every_selection_type_is_registered_with_capabilities_readable_from_the_
     with pytest.raises(ValueError, match="n_init"):  # checked without building one
         check_strategy(SpeedSelection(n_init=8), 8, n=8)
     assert check_strategy(SpeedSelection(n_init=4), 8, n=8) is SpeedStrategy
+
+
+def test_the_registry_is_derived_from_the_selection_union():
+    """A strategy is its file (a class whose `config` is its section) and its section in the config's union;
+    its name is the section's `type`."""
+    sections = get_args(get_args(Selection)[0])
+    assert list(STRATEGIES) == [s.model_fields["type"].default for s in sections]
+    assert all(cls.config is s and cls.name == s.model_fields["type"].default
+               for s, cls in zip(sections, STRATEGIES.values()))
+
+    class OrphanSelection(Section):
+        type: Literal["orphan"] = "orphan"
+
+    with pytest.raises(TypeError, match="OrphanSelection.*no strategy class"):
+        strategy_registry(Annotated[Union[UniformSelection, OrphanSelection], Field(discriminator="type")])
+    with pytest.raises(TypeError, match="Strategy's config .*Selection is not in the selection union"):
+        strategy_registry(Annotated[Union[UniformSelection, SpeedSelection], Field(discriminator="type")])
 
 
 def test_tune_validates_every_change_before_applying_any_and_returns_what_changed():

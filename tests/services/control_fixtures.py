@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from pcl.strategies import PCLStrategy
+from pcl.strategies.prompt_curriculum import PCLStrategy
 from services.control.api import ControlServer, create_app
 from services.control.state import ControlStore
 from services.redis_server import make_client

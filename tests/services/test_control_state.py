@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from pcl.strategies import PCLStrategy, UniformStrategy
+from pcl.strategies.prompt_curriculum import PCLStrategy
+from pcl.strategies.uniform import UniformStrategy
 from services.control.state import ControlConflict, ControlStore, ControlValueError
 from services.control.metrics import bucket_field
 from services.streams.payloads import RolloutRequest, SamplingParams, pack_tokens

@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from pcl.strategies.base import Needs, Request, Rollout, StepStrategy
 from tests.pcl.loop.fakes import SECONDS_PER_SAMPLE, FakeFleet, closest_to, config
 
 M, N = 4, 4
@@ -66,3 +67,54 @@ def test_pipelined_selection_scores_the_next_steps_candidates_during_this_step(t
     first, second = fleet.loop.train_step(0), fleet.loop.train_step(1)
     assert first["prefetch_hits"] == 0 and second["prefetch_hits"] == 1
     assert fleet.loop.state.prefetched is not None  # step 3's pool, drawn during step 2
+
+
+class LoopsViewOnly:
+    """Uniform selection written against the loop's view of a strategy (`pcl.strategies.base.StepStrategy`) and
+    nothing more: no base class, none of the strategy-specific hooks."""
+
+    name, needs = "uniform", Needs()
+
+    def __init__(self, m: int, n: int):
+        self.m, self.n, self.batch, self.ready = m, n, [], False
+
+    def load_reference(self, pass_rates) -> None:
+        raise AssertionError("no reference rollouts were asked for")
+
+    def start_step(self, step: int) -> list:
+        self.batch, self.ready = [], False
+        return []
+
+    def next_request(self) -> Request:
+        return Request(draw=self.m)
+
+    def propose(self, candidates, values) -> list[Rollout]:
+        self.batch = list(candidates[: self.m])
+        return [Rollout(p, self.n) for p in self.batch]
+
+    def observe(self, rewards) -> None:
+        self.ready = True
+
+    def end_step(self, samples_of) -> list:
+        return self.batch
+
+    def metrics(self) -> dict:
+        return {"own_figure": 1.0}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def test_the_loop_drives_a_strategy_through_its_view_only(tmp_path):
+    from pcl.loop import StepLoop
+
+    fleet = FakeFleet(tmp_path, config(STRATEGIES["uniform"]))
+    strategy = LoopsViewOnly(M, N)
+    assert isinstance(strategy, StepStrategy) and isinstance(fleet.strategy, StepStrategy)
+    loop = StepLoop(fleet.cfg, strategy, fleet.prompts, None, fleet.rollouts, fleet.learner, str(tmp_path), fleet.clock)
+    record = loop.train_step(0)
+    assert record.batch_samples == M * N and loop.last_ids == [p.id for p in strategy.batch]
+    assert record.extra["own_figure"] == 1.0 and fleet.learner.synced == [1]
