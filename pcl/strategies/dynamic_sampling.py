@@ -3,12 +3,13 @@ k*m prompts with n responses each, keep those with 0 < p < 1, and repeat until m
 has an effective ratio of 1 (k=2 in the paper). `max_rounds` is a safeguard, not part of the algorithm: when it
 is reached first, the hit is counted and logged, and `at_round_limit` decides the batch (`shrink`, the default:
 the informative prompts kept so far; `fill`: pad to m with zero-variance groups, the earlier behaviour); see
-`pcl.strategies.base.RolloutFilter`."""
+`pcl.strategies.rollout_filter.RolloutFilter`."""
 
 from __future__ import annotations
 
 from pcl.config import DynamicSamplingSelection
-from pcl.strategies.base import RolloutFilter, Tunable
+from pcl.strategies.base import Tunable
+from pcl.strategies.rollout_filter import RolloutFilter
 
 
 class DynamicSamplingStrategy(RolloutFilter):

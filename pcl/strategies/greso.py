@@ -22,7 +22,8 @@ import numpy as np
 
 from pcl.config import GresoSelection
 from pcl.data.prompts import PromptRecord
-from pcl.strategies.base import Request, RolloutFilter, Tunable
+from pcl.strategies.base import Request, Tunable
+from pcl.strategies.rollout_filter import RolloutFilter
 
 P_MIN, P_MAX = 0.05, 0.95  # bounds of the adapted exploration probabilities
 KEEP_FLOOR = 0.01  # a prompt on any streak is still rolled out with at least this probability
