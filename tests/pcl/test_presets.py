@@ -154,3 +154,19 @@ def test_every_table_1_command_in_the_reproduction_guide_resolves_to_its_arm_and
         seen.add((preset, cfg.selection.type))
     assert seen == {(p.stem, arm) for p in PRESETS for arm in arms}  # 8 presets x 6 methods, each once
     assert len(_reproduce_train_commands()) == len(seen) == 48
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_preset_rollout_fleet_settings(path):
+    """Unseeded sampling (seeded requests are sampled one by one in vLLM), vLLM with its GPUs to itself
+    (gpu_memory_utilization 0.85-0.9), max_in_flight one request chunk (m / num_workers: every worker gets its
+    share of a step), and the context vLLM is started with: the longest prompt and response asked for."""
+    from pcl.engines import max_model_len
+
+    cfg = load_config(path)
+    r = cfg.rollout
+    assert r.deterministic is False
+    assert 0.85 <= r.gpu_memory_utilization <= 0.9
+    assert r.max_in_flight == cfg.run.m // r.num_workers
+    assert max_model_len(cfg) == cfg.data.max_prompt_tokens + max(r.max_new_tokens, cfg.evaluation.max_new_tokens
+                                                                  or r.max_new_tokens)
