@@ -33,13 +33,15 @@ def start_generation_fleet(cfg: Config, prep, redis_url: str) -> list:
 
     from actors.rollout import RolloutWorker
     from actors.verifier import RewardVerifier
+    from pcl.engines import max_model_len
 
     policy = cfg.model.model_copy(update={"path": prep.policy_path})  # the model section, with the local copy
     answers = ray.put(prep.answers)
     actors = [RewardVerifier.remote(cfg.verifier, cfg.redis, cfg.run, redis_url, i, answers)
               for i in range(cfg.verifier.num_workers)]
     actors += [RolloutWorker.options(num_gpus=cfg.rollout.num_gpus_per_worker).remote(
-        cfg.rollout, cfg.redis, cfg.run, policy, redis_url, i) for i in range(cfg.rollout.num_workers)]
+        cfg.rollout, cfg.redis, cfg.run, policy, redis_url, i, max_model_len(cfg))
+        for i in range(cfg.rollout.num_workers)]
     ray.get([a.ping.remote() for a in actors], timeout=cfg.learner.timeout_s)
     return actors
 
