@@ -16,7 +16,7 @@ from pcl.loop.runlog import MetricsLog, read_metrics, read_records
 from services.control.metrics import metric_name, metrics_registry, step_metrics
 from services.control.run import RunControl
 from services.tracking.trackers import NOT_METRICS, tracker_key, tracker_metrics
-from tests.services.control_fixtures import store  # noqa: F401 - fixture
+from tests.services.control_fixtures import api, server, store  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.redis
 
@@ -109,3 +109,10 @@ def test_lines_of_old_runs_read_back_with_the_same_keys(tmp_path):
     assert first.effective_ratio == 0.5 and first.extra == {"tau": 0.5, "speed_rounds": 2.0}
     assert {k: v for k, v in first.to_dict().items() if k in old} == old and set(STEP_KEYS) <= set(first.to_dict())
     assert second.to_dict() == {"step": 0, "eval_accuracy": 0.2}  # the step-0 evaluation: nothing added
+
+
+def test_the_api_serves_the_records_fields_for_the_dashboard(api):
+    fields = api.get("/v1/fields").json()["fields"]
+    assert [f["name"] for f in fields] == list(FIGURES)
+    assert all(f["help"] and f["kind"] in ("gauge", "counter", "histogram", "status") for f in fields)
+    assert "/v1/fields" in api.get("/").text  # the dashboard's figure list
