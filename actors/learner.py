@@ -56,7 +56,9 @@ class LearnerRank:
         self.learner = PolicyLearner(model.path, optimizer, micro_batch_size=cfg.micro_batch_size,
                                      device=learner_device(cfg), dtype=model.dtype, rank=self.rank,
                                      world_size=self.world_size, seed=seed,
-                                     reshard_after_forward=cfg.reshard_after_forward)
+                                     reshard_after_forward=cfg.reshard_after_forward,
+                                     max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
+                                     activation_checkpointing=cfg.activation_checkpointing)
         return True
 
     def train_step(self, shard: list[dict], global_count: int) -> dict[str, float]:

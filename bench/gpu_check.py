@@ -1,49 +1,51 @@
-"""GPU checks of the real-model path: CUDA HF engine, NCCL FSDP2 learner, value model, weight sync.
+"""GPU checks of the real-model path: the learner at a preset's scale, CUDA HF engine, NCCL FSDP2 learner, value
+model, weight sync; every figure into one JSON file.
 
-    python bench/gpu_check.py                          # on a CUDA machine: a Qwen3-0.6B-shaped policy
-    python bench/gpu_check.py --device cpu --small     # a smoke run of the same code on CPU (gloo, tiny model)
-    python bench/gpu_check.py --out gpu-check.json     # also write the figures as JSON
+    python -m bench.gpu_check --out gpu-check.json           # on a CUDA machine
+    python -m bench.gpu_check --device cpu --small --out x.json   # a smoke run of the same code on CPU (gloo)
 
-The policy is built locally from a Qwen3Config with random weights (no hub): `--small` is a 2-layer,
-width-64 model; the default has Qwen3-0.6B's shape (28 layers, width 1024, 16 heads, 151,936 tokens). Random
-weights rarely emit EOS, so every response runs to its token budget: the throughput figures are for full-
-length responses. Each check uses the product's own classes:
+Needs torch, transformers, safetensors, numpy and pyyaml only (no pydantic, Ray, Redis, vLLM). The policies are
+built locally from a Qwen3Config with random weights (no hub); `--small` makes every model 2 layers of width 64.
+Each check uses the product's own classes:
 
-  engine      pcl.engines.hf.HFEngine.generate: prompts x n samples, generated tokens per second
-  learner     pcl.models.learner.PolicyLearner on a 1-rank NCCL (gloo on CPU) process group, FSDP2: one optimizer step
-              over a batch of prompt + response sequences, trained tokens per second, the gradient norm, and the
-              model FLOPs utilisation: 6 x parameters x tokens/s (forward 2N, backward 4N per token; attention
-              scores not counted) over the device's dense bf16 peak (PEAK_TFLOPS by device name, or
-              --peak-tflops)
+  scale       pcl.models.learner.PolicyLearner with a Qwen3-1.7B-shaped policy (28 layers, width 2048, tied
+              151,936-token embeddings) on 8 sequences of 1,024 + 3,072 tokens, with the learner settings of
+              configs/presets/qwen3-1.7b-base-math.yaml (token budget, activation checkpointing, model dtype), sdpa
+              attention: peak GPU memory (torch.cuda.max_memory_allocated), tokens/s, model FLOPs utilisation
+              MFU = (6 x non-embedding parameters + 12 x layers x width x sequence length) x tokens/s over the
+              device's dense bf16 peak (PEAK_TFLOPS by device name, or --peak-tflops), and the hardware FLOPs
+              utilisation HFU that also counts the forward recomputed under activation checkpointing
+              (8 x N + 16 x layers x width x length per token); which attention kernel ran
+  engine      pcl.engines.hf.HFEngine.generate (Qwen3-0.6B shape): prompts x n samples, generated tokens/s
+  learner     the same PolicyLearner at Qwen3-0.6B's shape and short sequences: tokens/s and its MFU
   value       pcl.models.value.ValueModel + ValueTrainer: scoring k*m prompts in float32 and with the bfloat16 scoring
-              copy (value.score_dtype; the ratio of the two times), one training step on m, the copy's refresh
+              copy (the ratio of the two times), one training step on m, the copy's refresh
   weight sync PolicyLearner.full_state_dict (the gather) + HFEngine.load_weights (the copy in), seconds
 
-The last line ends with the engine's generated tokens per second.
+Random weights rarely emit EOS, so every response runs to its token budget. The last line printed is the scale
+check's MFU.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import math
 import os
-import socket
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
+from bench import ROOT, add_json_option, run, write_figures
+from bench.learner import SHAPES, build_qwen3, join_group, make_sequences, peak_memory_gb, random_ids, synchronize, timed_steps
 
-FULL = dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-            num_key_value_heads=8, head_dim=128, vocab_size=151_936)
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, vocab_size=512)
-# (prompts, samples per prompt, prompt tokens, new tokens) for the engine; learner and value sizes.
-SIZES = {"full": {"engine": (64, 8, 128, 256), "learner": (64, 128, 256, 8), "value": (256, 4, 128)},
-         "small": {"engine": (4, 2, 8, 8), "learner": (8, 8, 8, 4), "value": (8, 2, 8)}}
+# (prompts, samples per prompt, prompt tokens, new tokens) for the engine; learner and value sizes; the scale
+# check's (sequences, prompt tokens, response tokens).
+SIZES = {"full": {"engine": (64, 8, 128, 256), "learner": (64, 128, 256, 8), "value": (256, 4, 128),
+                  "scale": (8, 1024, 3072)},
+         "small": {"engine": (4, 2, 8, 8), "learner": (8, 8, 8, 4), "value": (8, 2, 8), "scale": (8, 16, 48)}}
+PRESET = ROOT / "configs" / "presets" / "qwen3-1.7b-base-math.yaml"
 
 
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) by a substring of torch.cuda.get_device_name().
@@ -58,35 +60,73 @@ def peak_tflops(device_name: str, override: float | None) -> float | None:
 
 
 def mfu(parameters: int, tokens_per_second: float, peak: float | None) -> float | None:
-    """Model FLOPs utilisation of a training step: 6 N FLOPs per trained token against `peak` TFLOP/s."""
+    """Model FLOPs utilisation by the crude 6 N formula (the 0.6B learner check, as recorded before)."""
     return None if peak is None else 6.0 * parameters * tokens_per_second / (peak * 1e12)
 
 
-def build_policy(out: Path, small: bool, dtype: torch.dtype) -> Path:
-    """A random Qwen3 checkpoint with a character tokenizer (ids beyond the tokenizer are fine as input)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def flops_per_token(shape: dict, sequence_length: int, recomputed: bool) -> float:
+    """Training FLOPs per token: 6 x non-embedding parameters + 12 x layers x width x sequence length (model
+    FLOPs); with `recomputed` the forward counted twice (8 N + 16 L w T: the hardware's FLOPs under activation
+    checkpointing)."""
+    from pcl.tools.plan import ModelShape
 
-    from pcl.tiny.tokenizer import build_tokenizer
-
-    tokenizer = build_tokenizer()
-    config = Qwen3Config(**(SMALL if small else FULL), max_position_embeddings=4096, tie_word_embeddings=True,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(config).to(dtype)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
+    model = ModelShape(shape["vocab_size"], shape["hidden_size"], shape["num_hidden_layers"],
+                       shape["intermediate_size"], shape["num_attention_heads"], shape["num_key_value_heads"],
+                       shape["head_dim"], True, True)
+    non_embedding = model.policy_params - model.embedding_params
+    attention = shape["num_hidden_layers"] * shape["hidden_size"] * sequence_length
+    return (8 * non_embedding + 16 * attention) if recomputed else (6 * non_embedding + 12 * attention)
 
 
-def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(4, vocab, (count, length), generator=generator).tolist()
+def preset_learner_settings(path: Path = PRESET) -> dict:
+    """The learner keys and model dtype of a preset, read with yaml alone (no pydantic here)."""
+    import yaml
+
+    raw = yaml.safe_load(path.read_text())
+    learner = raw.get("learner", {})
+    return {"max_tokens_per_micro_batch": learner.get("max_tokens_per_micro_batch"),
+            "activation_checkpointing": bool(learner.get("activation_checkpointing", False)),
+            "micro_batch_size": int(learner.get("micro_batch_size", 8)),
+            "dtype": raw.get("model", {}).get("dtype", "bfloat16"), "preset": path.name}
 
 
-def synchronize(device: str) -> None:
+def check_scale(tmp: Path, device: str, small: bool, sizes: tuple, peak: float | None) -> dict:
+    """The Qwen3-1.7B-shaped policy at the preset's learner settings (see the module docstring)."""
+    from pcl.models.learner import AdamWSettings, PolicyLearner
+
+    count, prompt_len, response_len = sizes
+    settings = preset_learner_settings()
+    shape = SHAPES["small" if small else "1.7b"]
+    budget = settings["max_tokens_per_micro_batch"]
+    if small and budget:  # the same number of micro-batches as the preset's budget at 4,096 tokens gives
+        budget = budget * (prompt_len + response_len) // 4096
+    dtype = settings["dtype"] if device.startswith("cuda") else "float32"
+    path = build_qwen3(tmp / "scale", shape, getattr(torch, dtype), device)
+    join_group(device)
+    learner = PolicyLearner(str(path), AdamWSettings(lr=1e-6), micro_batch_size=settings["micro_batch_size"],
+                            device=device, dtype=dtype, max_tokens_per_micro_batch=budget,
+                            activation_checkpointing=settings["activation_checkpointing"], attn_implementation="sdpa")
+    attention = learner.model.config._attn_implementation
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    sequences = make_sequences(count, prompt_len, response_len, learner.vocab_size)
+    result = timed_steps(learner, sequences, device, repeats=2)
+    length = prompt_len + response_len
+    model_flops = flops_per_token(shape, length, recomputed=False) * result["tokens_per_second"]
+    hardware_flops = flops_per_token(shape, length, settings["activation_checkpointing"]) * result["tokens_per_second"]
+    figures = {"shape": "small" if small else "qwen3-1.7b", "preset": settings["preset"], "dtype": dtype,
+               "sequences": count, "sequence_tokens": length, "tokens": result["tokens"],
+               "max_tokens_per_micro_batch": budget, "activation_checkpointing": settings["activation_checkpointing"],
+               "micro_batches": result["stats"]["micro_batches"], "attention": attention,
+               "seconds": result["seconds"], "tokens_per_second": result["tokens_per_second"],
+               "peak_memory_gb": peak_memory_gb(device), "model_tflops_per_s": model_flops / 1e12,
+               "mfu": None if peak is None else model_flops / (peak * 1e12),
+               "hfu": None if peak is None else hardware_flops / (peak * 1e12),
+               "grad_norm": result["stats"]["grad_norm"]}
+    del learner
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return figures
 
 
 def check_engine(path: Path, device: str, dtype: str, sizes: tuple) -> tuple[dict, object]:
@@ -95,7 +135,7 @@ def check_engine(path: Path, device: str, dtype: str, sizes: tuple) -> tuple[dic
 
     prompts, n, prompt_len, new_tokens = sizes
     engine = HFEngine(str(path), device=device, dtype=dtype, seed=0, max_batch_size=prompts * n)
-    batch = random_prompts(prompts, prompt_len, engine.vocab_size, seed=1)
+    batch = random_ids(prompts, prompt_len, engine.vocab_size, seed=1)
     params = SamplingParams(n=n, temperature=1.0, top_p=1.0, top_k=-1, max_new_tokens=new_tokens)
     engine.generate(batch[:2], SamplingParams(n=1, max_new_tokens=4))  # warm-up: kernels, allocator
     synchronize(device)
@@ -110,21 +150,13 @@ def check_engine(path: Path, device: str, dtype: str, sizes: tuple) -> tuple[dic
 
 
 def check_learner(path: Path, device: str, dtype: str, sizes: tuple) -> tuple[dict, object]:
-    from pcl.config import OptimizerConfig
-    from pcl.models.learner import PolicyLearner, init_process_group
+    from pcl.models.learner import AdamWSettings, PolicyLearner
 
     count, prompt_len, response_len, micro = sizes
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    backend = init_process_group("nccl" if device.startswith("cuda") else "gloo", f"tcp://127.0.0.1:{port}", 0, 1)
-    learner = PolicyLearner(str(path), OptimizerConfig(lr=1e-6), micro_batch_size=micro, device=device,
+    backend = join_group(device)
+    learner = PolicyLearner(str(path), AdamWSettings(lr=1e-6), micro_batch_size=micro, device=device,
                             dtype=dtype, rank=0, world_size=1, seed=0, reshard_after_forward=True)
-    vocab = learner.vocab_size
-    prompts = random_prompts(count, prompt_len, vocab, seed=2)
-    responses = random_prompts(count, response_len, vocab, seed=3)
-    sequences = [{"prompt_token_ids": p, "response_token_ids": r, "advantage": (-1.0) ** i}
-                 for i, (p, r) in enumerate(zip(prompts, responses))]
+    sequences = make_sequences(count, prompt_len, response_len, learner.vocab_size)
     learner.train_step(sequences[:micro], num_sequences=micro)  # warm-up
     synchronize(device)
     start = time.perf_counter()
@@ -159,7 +191,7 @@ def check_value(path: Path, device: str, sizes: tuple) -> dict:
         model.head.weight.copy_(torch.randn(model.head.weight.shape, generator=generator) / width ** 0.5)
     exact = ValueTrainer(model, lr=1e-6, batch_size=64)  # scores with the float32 weights
     trainer = ValueTrainer(model, lr=1e-6, batch_size=64, score_dtype="bfloat16")
-    candidates = random_prompts(k * m, prompt_len, model.vocab_size, seed=4)
+    candidates = random_ids(k * m, prompt_len, model.vocab_size, seed=4)
     values, score_seconds = _timed_score(exact, candidates, device)
     values_bf16, score_seconds_bf16 = _timed_score(trainer, candidates, device)
     start = time.perf_counter()
@@ -194,58 +226,99 @@ def check_weight_sync(learner, engine, device: str) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    parser.add_argument("--small", action="store_true", help="a 2-layer width-64 policy and small batches")
+    parser.add_argument("--small", action="store_true", help="2-layer width-64 models and small batches")
     parser.add_argument("--dtype", default=None, help="bfloat16 on CUDA, float32 on CPU by default")
-    parser.add_argument("--out", default=None, help="also write the figures to this JSON file")
+    parser.add_argument("--out", default=None, help="write every figure to this JSON file (as --json)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's dense bf16 peak for the MFU (default: PEAK_TFLOPS by device name)")
+    parser.add_argument("--skip", default="", help="comma-separated checks to leave out: scale, engine, learner, "
+                        "value (weight sync needs engine and learner)")
+    add_json_option(parser)
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible (use --device cpu --small for a smoke run)")
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
-    sizes = SIZES["small" if args.small else "full"]
-    report: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-                    "torch": torch.__version__, "dtype": dtype, "policy": "small" if args.small else "qwen3-0.6b-shape"}
+    sizes, skip = SIZES["small" if args.small else "full"], set(filter(None, args.skip.split(",")))
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    report: dict = {"device": device_name, "torch": torch.__version__, "dtype": dtype,
+                    "policy": "small" if args.small else "qwen3-0.6b-shape",
+                    "peak_tflops": peak_tflops(device_name, args.peak_tflops)}
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="pcl-gpu-check-") as tmp:
-        path = build_policy(Path(tmp) / "policy", args.small, getattr(torch, dtype))
-        report["engine"], engine = check_engine(path, args.device, dtype, sizes["engine"])
-        report["learner"], learner = check_learner(path, args.device, dtype, sizes["learner"])
-        report["value"] = check_value(path, args.device, sizes["value"])
-        report["weight_sync"] = check_weight_sync(learner, engine, args.device)
-        report["parameters"] = sum(p.numel() for p in engine.model.parameters())
-    report["peak_tflops"] = peak_tflops(report["device"], args.peak_tflops)
-    report["learner"]["mfu"] = mfu(report["parameters"], report["learner"]["tokens_per_second"],
-                                   report["peak_tflops"])
+        if "scale" not in skip:  # first, on an empty GPU: its peak memory is the step's alone
+            report["scale"] = check_scale(Path(tmp), args.device, args.small, sizes["scale"], report["peak_tflops"])
+        path = build_qwen3(Path(tmp) / "policy", SHAPES["small" if args.small else "0.6b"], getattr(torch, dtype))
+        report["parameters"] = _parameters(path)
+        engine = learner = None
+        if "engine" not in skip:
+            report["engine"], engine = check_engine(path, args.device, dtype, sizes["engine"])
+        if "learner" not in skip:
+            report["learner"], learner = check_learner(path, args.device, dtype, sizes["learner"])
+            report["learner"]["mfu"] = mfu(report["parameters"], report["learner"]["tokens_per_second"],
+                                           report["peak_tflops"])
+        if "value" not in skip:
+            report["value"] = check_value(path, args.device, sizes["value"])
+        if engine is not None and learner is not None:
+            report["weight_sync"] = check_weight_sync(learner, engine, args.device)
+    report["seconds"] = time.perf_counter() - started
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.destroy_process_group()
     print_report(report)
-    if args.out:
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    write_figures(args.out, report)
+    return write_figures(args.json, report)
+
+
+def _parameters(path: Path) -> int:
+    """The parameters of the checkpoint at `path` (tied embeddings counted once, as stored)."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in path.glob("*.safetensors"):
+        with safe_open(str(file), "pt") as f:
+            total += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    return total
+
+
+def _ratio(value: float | None, peak: float | None) -> str:
+    return "n/a (no peak known: --peak-tflops)" if value is None else f"{value:.1%} of {peak:g} TFLOP/s"
 
 
 def print_report(r: dict) -> None:
-    e, lr, v, w = r["engine"], r["learner"], r["value"], r["weight_sync"]
-    print(f"device {r['device']}, torch {r['torch']}, {r['dtype']}, policy {r['policy']} "
-          f"({r['parameters'] / 1e6:.1f} M parameters)")
-    print(f"  engine       {e['prompts']} prompts x n={e['n']}, {e['prompt_tokens']}-token prompts, "
-          f"{e['generated_tokens']} tokens in {e['seconds']:.2f} s: {e['tokens_per_second']:,.0f} tokens/s")
-    mfu_text = ("n/a (no peak known: --peak-tflops)" if lr["mfu"] is None
-                else f"{lr['mfu']:.1%} of {r['peak_tflops']:g} TFLOP/s")
-    print(f"  learner      {lr['backend']}, {lr['sequences']} sequences, {lr['tokens']} tokens, micro-batch "
-          f"{lr['micro_batch_size']}: {lr['seconds']:.2f} s, {lr['tokens_per_second']:,.0f} tokens/s, "
-          f"grad norm {lr['grad_norm']:.3f}, MFU {mfu_text}")
-    print(f"  value        scored {v['candidates']} prompts in {v['score_seconds']:.3f} s "
-          f"({v['scored_prompts_per_second']:,.0f}/s) in float32, {v['score_seconds_bf16']:.3f} s with the bfloat16 "
-          f"copy: x{v['bf16_speedup']:.2f}, values within {v['bf16_max_gap']:.1e}; one step on {v['selected']} "
-          f"in {v['train_seconds']:.3f} s (copy refresh {v['refresh_seconds']:.3f} s)")
-    print(f"  weight sync  {w['tensors']} tensors, {w['bytes'] / 1e6:.1f} MB: gather {w['gather_seconds']:.3f} s "
-          f"+ load {w['load_seconds']:.3f} s = {w['seconds']:.3f} s")
-    print(f"engine generated tokens per second: {e['tokens_per_second']:.0f}")
+    print(f"device {r['device']}, torch {r['torch']}, {r['dtype']}, {r['seconds']:.0f} s in all")
+    if "scale" in r:
+        c = r["scale"]
+        print(f"  scale        {c['shape']} policy, {c['sequences']} x {c['sequence_tokens']} tokens, {c['preset']} "
+              f"settings (budget {c['max_tokens_per_micro_batch']}, checkpointing "
+              f"{'on' if c['activation_checkpointing'] else 'off'}, {c['dtype']}, attention {c['attention']}): "
+              f"{c['micro_batches']:.0f} micro-batches, {c['seconds']:.2f} s, {c['tokens_per_second']:,.0f} tokens/s, "
+              f"peak {c['peak_memory_gb']:.1f} GB, MFU {_ratio(c['mfu'], r['peak_tflops'])}, "
+              f"HFU {_ratio(c['hfu'], r['peak_tflops'])}")
+    if "engine" in r:
+        e = r["engine"]
+        print(f"  engine       {e['prompts']} prompts x n={e['n']}, {e['prompt_tokens']}-token prompts, "
+              f"{e['generated_tokens']} tokens in {e['seconds']:.2f} s: {e['tokens_per_second']:,.0f} tokens/s")
+    if "learner" in r:
+        lr = r["learner"]
+        print(f"  learner      {r['policy']} ({r['parameters'] / 1e6:.1f} M parameters), {lr['backend']}, "
+              f"{lr['sequences']} sequences, {lr['tokens']} tokens, micro-batch {lr['micro_batch_size']}: "
+              f"{lr['seconds']:.2f} s, {lr['tokens_per_second']:,.0f} tokens/s, grad norm {lr['grad_norm']:.3f}, "
+              f"MFU (6 N) {_ratio(lr['mfu'], r['peak_tflops'])}")
+    if "value" in r:
+        v = r["value"]
+        print(f"  value        scored {v['candidates']} prompts in {v['score_seconds']:.3f} s "
+              f"({v['scored_prompts_per_second']:,.0f}/s) in float32, {v['score_seconds_bf16']:.3f} s with the "
+              f"bfloat16 copy: x{v['bf16_speedup']:.2f}, values within {v['bf16_max_gap']:.1e}; one step on "
+              f"{v['selected']} in {v['train_seconds']:.3f} s (copy refresh {v['refresh_seconds']:.3f} s)")
+    if "weight_sync" in r:
+        w = r["weight_sync"]
+        print(f"  weight sync  {w['tensors']} tensors, {w['bytes'] / 1e6:.1f} MB: gather {w['gather_seconds']:.3f} s "
+              f"+ load {w['load_seconds']:.3f} s = {w['seconds']:.3f} s")
+    if "scale" in r:
+        print(f"scale check MFU: {_ratio(r['scale']['mfu'], r['peak_tflops'])}")
 
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    main()
+    run(main)

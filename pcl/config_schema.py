@@ -105,6 +105,11 @@ class ValueModelConfig(Section):
                                                                "that scores candidates, refreshed after each V "
                                                                "step; auto: bfloat16 on GPU, float32 on CPU.")
     ev_sample: int = Field(32, ge=0, description="Unfiltered candidates rolled out each step to measure V's explained variance.")
+    max_tokens_per_micro_batch: int | None = Field(None, ge=2, description="Prompt tokens of one scoring or training "
+                                                   "pass, padding included (prompts x the longest), besides batch_size; "
+                                                   "at least data.max_prompt_tokens. null: batch_size prompts a pass.")
+    activation_checkpointing: bool = Field(False, description="Recompute each layer of V's backbone in its backward "
+                                           "pass (training only; scoring keeps no activations).")
     resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each value scorer needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
 
 
@@ -250,6 +255,13 @@ class LearnerConfig(Section):
     resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each learner rank needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
     reshard_after_forward: bool = Field(True, description="FSDP2: free gathered parameters after forward (memory) "
                                         "or keep them for backward (speed, for small models).")
+    max_tokens_per_micro_batch: int | None = Field(None, ge=2, description="Tokens of one forward/backward, "
+                                                   "padding included (sequences x the longest); sequences are packed "
+                                                   "longest first up to it (micro_batch_size still caps the count); "
+                                                   "at least data.max_prompt_tokens + rollout.max_new_tokens. null: "
+                                                   "micro_batch_size sequences whatever their length.")
+    activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in the "
+                                           "backward pass (one layer input kept per layer; ~1/3 more compute).")
 
 
 class RedisConfig(Section):
@@ -365,3 +377,18 @@ class Config(Section):
     evaluation: EvaluationConfig = EvaluationConfig()
     logging: LoggingConfig = LoggingConfig()
     cluster: ClusterConfig = ClusterConfig()
+
+    @model_validator(mode="after")
+    def _token_budgets_hold_the_longest_sequence(self) -> "Config":
+        longest = self.data.max_prompt_tokens + self.rollout.max_new_tokens
+        budget = self.learner.max_tokens_per_micro_batch
+        if budget is not None and budget < longest:
+            raise ValueError(f"learner.max_tokens_per_micro_batch ({budget}) is below the longest sequence, {longest} "
+                             f"tokens (data.max_prompt_tokens {self.data.max_prompt_tokens} + rollout.max_new_tokens "
+                             f"{self.rollout.max_new_tokens}): raise it to at least {longest}")
+        budget = self.value.max_tokens_per_micro_batch
+        if budget is not None and budget < self.data.max_prompt_tokens:
+            raise ValueError(f"value.max_tokens_per_micro_batch ({budget}) is below the longest prompt, "
+                             f"{self.data.max_prompt_tokens} tokens (data.max_prompt_tokens): raise it to at least "
+                             f"{self.data.max_prompt_tokens}")
+        return self

@@ -102,13 +102,14 @@ class PolicyLearner:
     activation_checkpointing: recompute each decoder layer's activations in the backward pass (memory of one
         layer's input per layer instead of all its activations, for about a third more compute).
     logits_chunk_tokens: positions whose logits exist at once (the LM head runs chunk by chunk).
+    attn_implementation: the attention kernel ('sdpa', 'flash_attention_2', 'eager'); None: transformers' default.
     """
 
     def __init__(self, model_path: str, optimizer_cfg: AdamWSettings, micro_batch_size: int,
                  device: str = "auto", dtype: str | torch.dtype = "float32", rank: int = 0,
                  world_size: int = 1, seed: int = 0, reshard_after_forward: bool = True,
                  max_tokens_per_micro_batch: int | None = None, activation_checkpointing: bool = False,
-                 logits_chunk_tokens: int = 1024):
+                 logits_chunk_tokens: int = 1024, attn_implementation: str | None = None):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
         from transformers import AutoModelForCausalLM
@@ -134,7 +135,8 @@ class PolicyLearner:
         self.device = _resolve_device(device, rank)
         torch.manual_seed(seed)
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, **extra)
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         install_logprob_forward(self.model, logits_chunk_tokens)
         if activation_checkpointing:

@@ -29,7 +29,6 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pcl.loop.checkpoint_store import load_tensors
 from pcl.engines.base import check_prompts, left_pad, resolve_device, resolve_dtype
 from pcl.rl import value_loss
 from pcl.models.sharding import total_norm
@@ -301,6 +300,8 @@ class ValueTrainer:
         torch.save({**self.state_dict(), "rng": torch.get_rng_state()}, directory / "trainer.pt")
 
     def load_checkpoint(self, directory: str | Path) -> None:
+        from pcl.loop.checkpoint_store import load_tensors  # imports pcl.loop (pydantic): only where needed
+
         state = load_tensors(Path(directory) / "trainer.pt", map_location=self.model.device)
         self.load_state_dict(state)
         if "rng" in state:

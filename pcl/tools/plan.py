@@ -24,8 +24,10 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pcl.config import ClusterConfig, Config
+if TYPE_CHECKING:  # only types here: the shapes and FLOPs import without pydantic (bench/gpu_check.py)
+    from pcl.config import ClusterConfig, Config
 from pcl.engines import max_model_len
 
 GB = 1e9
