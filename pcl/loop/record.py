@@ -93,6 +93,9 @@ class StepRecord:
     policy_loss: float | None = figure("Policy-gradient loss of the last step.", every_step=True)
     train_sequences: int | None = figure("Sequences of the last step's policy update (non-zero advantage).",
                                          every_step=True)
+    learner_padding_ratio: float | None = figure("Padding's share of the tokens the last policy step computed "
+                                                 "(micro-batches are padded to their longest sequence).",
+                                                 every_step=True)
     batch_samples: int | None = figure("Samples of the last step's batch (m * n).", every_step=True)
     batch_unique_samples: int | None = figure("Distinct (prompt, sample index) pairs of the last step's batch.",
                                               every_step=True)

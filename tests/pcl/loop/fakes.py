@@ -145,7 +145,7 @@ class FakeLearner:
     def train(self, sequences: Sequence[dict], global_count: int) -> dict[str, float]:
         self.steps += 1
         self.trained.append((len(sequences), global_count))
-        return {"loss": 0.1 * self.steps, "grad_norm": float(len(sequences))}
+        return {"loss": 0.1 * self.steps, "grad_norm": float(len(sequences)), "learner_padding_ratio": 0.25}
 
     def sync_weights(self, version: int) -> None:
         self.synced.append(version)

@@ -28,6 +28,7 @@ def test_one_step_of_each_strategy_trains_on_m_groups_of_n(tmp_path, name):
     assert record["step"] == 1 and record["policy_version"] == 1 and fleet.learner.synced == [1]
     assert record["batch_samples"] == record["batch_unique_samples"] == M * N  # each (prompt, index) once
     assert fleet.learner.trained == [(record["train_sequences"], M * N)]  # the loss divides by m*n
+    assert record["learner_padding_ratio"] == 0.25  # the learner's per-step padding share reaches the record
     assert 0.0 <= record["effective_ratio"] <= 1.0 and len(fleet.loop.last_ids) == M
     assert record["step_seconds"] >= record["generation_seconds"] > 0
     batch = [c for c in fleet.rollouts.calls if c["tag"] == ""]
