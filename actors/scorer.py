@@ -40,7 +40,9 @@ def _build_trainer(cfg: ValueModelConfig, model_path: str, device: str, seed: in
     from pcl.models.value import ValueModel, ValueTrainer
 
     torch.manual_seed(seed)
-    options = dict(grad_clip=cfg.grad_clip, batch_size=cfg.batch_size, score_dtype=cfg.score_dtype)
+    options = dict(grad_clip=cfg.grad_clip, batch_size=cfg.batch_size, score_dtype=cfg.score_dtype,
+                   max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
+                   activation_checkpointing=cfg.activation_checkpointing)
     if world_size == 1:
         return ValueTrainer(ValueModel.from_pretrained(model_path, dtype="float32", device=device), lr=cfg.lr,
                             **options)

@@ -33,7 +33,7 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 def _checkpointed_forward(self, *args, **kwargs):
     forward = type(self).forward
-    if not (torch.is_grad_enabled() and self.training):
+    if not torch.is_grad_enabled():  # scoring, inference: nothing to recompute
         return forward(self, *args, **kwargs)
     from torch.utils.checkpoint import checkpoint
 
@@ -42,7 +42,7 @@ def _checkpointed_forward(self, *args, **kwargs):
 
 
 def checkpoint_layers(layers: list[torch.nn.Module]) -> None:
-    """Recompute each layer's activations in the backward pass (training mode, with grad) instead of storing
+    """Recompute each layer's activations in the backward pass (whenever grad is enabled) instead of storing
     them: a layer keeps only its input. Idempotent."""
     for layer in layers:
         layer.forward = types.MethodType(_checkpointed_forward, layer)

@@ -30,8 +30,10 @@ import numpy as np
 import torch
 
 from pcl.engines.base import check_prompts, left_pad, resolve_device, resolve_dtype
-from pcl.rl import value_loss
+from pcl.models.micro_batches import pack_micro_batches
+from pcl.models.policy_forward import checkpoint_layers, decoder_layers
 from pcl.models.sharding import total_norm
+from pcl.rl import value_loss
 
 HEAD_FILE = "value_head.safetensors"
 
@@ -169,17 +171,24 @@ class ValueTrainer:
         score_dtype: None scores with the trained weights themselves; 'float32' / 'bfloat16' / 'float16'
             (or 'auto', see `resolve_score_dtype`) score with a copy in that dtype, refreshed after every
             step and every load (none is made when the backbone already has that dtype).
+        max_tokens_per_micro_batch: prompt tokens of one pass, padding included (prompts x the longest), in
+            scoring and training, besides `batch_size`; None: `batch_size` prompts a pass.
+        activation_checkpointing: recompute each backbone layer in the training backward pass.
     """
 
     def __init__(self, model: ValueModel, lr: float, grad_clip: float | None = 1.0, batch_size: int = 64,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, score_dtype: str | None = None) -> None:
+                 eps: float = 1e-8, score_dtype: str | None = None, max_tokens_per_micro_batch: int | None = None,
+                 activation_checkpointing: bool = False) -> None:
         if not lr > 0:
             raise ValueError(f"lr: expected a value > 0, got {lr!r}")
         if grad_clip is not None and not grad_clip > 0:
             raise ValueError(f"grad_clip: expected None or a value > 0, got {grad_clip!r}")
         if batch_size < 1:
             raise ValueError(f"batch_size: expected an integer >= 1, got {batch_size!r}")
+        if max_tokens_per_micro_batch is not None and max_tokens_per_micro_batch < 1:
+            raise ValueError(f"max_tokens_per_micro_batch: expected None or >= 1, got {max_tokens_per_micro_batch!r}")
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.model = model.eval()
         self.grad_clip = grad_clip
         self.batch_size = batch_size
@@ -190,6 +199,8 @@ class ValueTrainer:
         dtype = resolve_score_dtype(score_dtype, model.device)
         backbone_dtype = next(model.backbone.parameters()).dtype
         self.scorer = score_copy(model, dtype) if dtype not in (None, backbone_dtype) else None
+        if activation_checkpointing:  # after the copy: scoring runs without grad, where layers run plainly anyway
+            checkpoint_layers(decoder_layers(model.backbone))
 
     @property
     def scoring_model(self) -> ValueModel:
@@ -206,12 +217,19 @@ class ValueTrainer:
                 target.copy_(source[name])
 
     def _batches(self, token_ids_list: Sequence[Sequence[int]]):
-        """(start, input_ids [b, T], attention_mask [b, T]) for chunks of `batch_size` prompts."""
+        """(indices, input_ids [b, T], attention_mask [b, T]) per pass: prompts longest first, at most
+        `batch_size` a pass and at most `max_tokens_per_micro_batch` padded tokens (V does not depend on padding,
+        and its loss is a sum over prompts, so the grouping changes neither values nor gradients)."""
+        lengths = [len(ids) for ids in token_ids_list]
+        budget = self.max_tokens_per_micro_batch
+        if budget is not None and lengths and max(lengths) > budget:
+            longest = max(lengths)
+            raise ValueError(f"prompt {lengths.index(longest)}: {longest} tokens exceed "
+                             f"value.max_tokens_per_micro_batch = {budget}; raise it to at least {longest}")
         device = self.model.device
-        for start in range(0, len(token_ids_list), self.batch_size):
-            input_ids, attention_mask = left_pad(list(token_ids_list[start:start + self.batch_size]),
-                                                 self.pad_token_id)
-            yield start, input_ids.to(device), attention_mask.to(device)
+        for indices in pack_micro_batches(lengths, self.batch_size, budget):
+            input_ids, attention_mask = left_pad([list(token_ids_list[i]) for i in indices], self.pad_token_id)
+            yield indices, input_ids.to(device), attention_mask.to(device)
 
     def score(self, token_ids_list: Sequence[Sequence[int]]) -> np.ndarray:
         """V(x) for each prompt: float64 array of shape [len(token_ids_list)], values in [0, 1].
@@ -220,13 +238,11 @@ class ValueTrainer:
         on padding), and the values are returned in the input order.
         """
         check_prompts(list(token_ids_list), self.model.vocab_size)
-        by_length = sorted(range(len(token_ids_list)), key=lambda index: len(token_ids_list[index]))
         values = np.zeros(len(token_ids_list), dtype=np.float64)
         model = self.scoring_model
         with torch.inference_mode():
-            for start, input_ids, attention_mask in self._batches([token_ids_list[i] for i in by_length]):
-                batch_values = model(input_ids, attention_mask).double().cpu().numpy()
-                values[by_length[start:start + len(batch_values)]] = batch_values
+            for indices, input_ids, attention_mask in self._batches(token_ids_list):
+                values[indices] = model(input_ids, attention_mask).double().cpu().numpy()
         return values
 
     def train_step(self, token_ids_list: Sequence[Sequence[int]],
@@ -244,9 +260,9 @@ class ValueTrainer:
         targets_tensor = self._check_targets(token_ids_list, targets)
         self.optimizer.zero_grad(set_to_none=True)
         total_loss = 0.0
-        for start, input_ids, attention_mask in self._batches(token_ids_list):
+        for indices, input_ids, attention_mask in self._batches(token_ids_list):
             values = self.model(input_ids, attention_mask)  # [b]
-            batch_targets = targets_tensor[start:start + len(values)].to(values.device)
+            batch_targets = targets_tensor[indices].to(values.device)
             # The sum over prompts splits exactly over micro-batches, so accumulated gradients equal the
             # full batch's.
             loss = value_loss(values, batch_targets, reduction="sum")

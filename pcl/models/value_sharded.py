@@ -40,14 +40,16 @@ class ShardedValueTrainer(ValueTrainer):
         device: this rank's device ('cpu' or 'cuda[:N]').
         rank, world_size: this process's place in the initialised process group.
         score_dtype: the scoring copy's dtype ('auto': bfloat16 on GPU, float32 on CPU); there is always one.
-        lr, grad_clip, batch_size, weight_decay, betas, eps: as ValueTrainer.
+        lr, grad_clip, batch_size, weight_decay, betas, eps, max_tokens_per_micro_batch, activation_checkpointing:
+            as ValueTrainer.
         reshard_after_forward: FSDP2's; False keeps gathered layers from forward to backward.
     """
 
     def __init__(self, model: ValueModel, lr: float, device: str | torch.device, rank: int, world_size: int,
                  score_dtype: str = "auto", grad_clip: float | None = 1.0, batch_size: int = 64,
                  weight_decay: float = 0.0, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
-                 reshard_after_forward: bool = True) -> None:
+                 reshard_after_forward: bool = True, max_tokens_per_micro_batch: int | None = None,
+                 activation_checkpointing: bool = False) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
@@ -64,7 +66,8 @@ class ShardedValueTrainer(ValueTrainer):
         policy = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
         shard_by_layer(model, mesh, policy, reshard_after_forward, layers_of=model.backbone)
         super().__init__(model, lr, grad_clip=grad_clip, batch_size=batch_size, weight_decay=weight_decay,
-                         betas=betas, eps=eps)
+                         betas=betas, eps=eps, max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+                         activation_checkpointing=activation_checkpointing)
         self.scorer = scorer
 
     def refresh_scorer(self) -> None:
@@ -89,7 +92,10 @@ class ShardedValueTrainer(ValueTrainer):
             targets_tensor = self._check_targets(token_ids_list, targets, allow_empty=True)
         except ValueError as exc:
             problem = str(exc)
-        batches = [] if problem else list(self._batches(token_ids_list))
+        try:
+            batches = [] if problem else list(self._batches(token_ids_list))
+        except ValueError as exc:  # a prompt over the token budget: raised below on every rank together
+            problem, batches = str(exc), []
         # Every rank runs the same number of forward/backward passes (each is a chain of collectives) and
         # raises together when any share is bad, instead of leaving the others waiting.
         passes, failed = agree([max(1, len(batches)), problem is not None], dist.ReduceOp.MAX, self.device)
@@ -101,9 +107,9 @@ class ShardedValueTrainer(ValueTrainer):
         total_loss = torch.zeros((), dtype=torch.float64, device=self.device)
         for index in range(int(passes)):
             if index < len(batches):
-                start, input_ids, attention_mask = batches[index]
+                indices, input_ids, attention_mask = batches[index]
                 values = self.model(input_ids, attention_mask)  # [b]
-                loss = value_loss(values, targets_tensor[start:start + len(values)].to(values.device),
+                loss = value_loss(values, targets_tensor[indices].to(values.device),
                                   reduction="sum")
             else:  # one padding token, weight 0: no gradient, but this rank's collectives stay in step
                 one = torch.zeros((1, 1), dtype=torch.long, device=self.device)
