@@ -22,9 +22,11 @@ pytestmark = pytest.mark.redis
 
 
 def every_field() -> StepRecord:
-    """A training step's record with every field set, each to its own value (counters whole numbers)."""
+    """A training step's record with every field set, each to its own value (counters whole numbers, a labelled
+    figure a dict of two)."""
     values = {name: (i + 1 if fig.kind in ("counter", "status") else 0.5 + i) for i, (name, fig) in
               enumerate(FIGURES.items())}
+    values.update({name: {"w0": values[name], "w1": values[name] + 1} for name, fig in FIGURES.items() if fig.label})
     values.update(step=1, step_seconds=1.5)
     return StepRecord.from_dict(values)
 
@@ -53,6 +55,11 @@ def test_every_field_of_the_record_reaches_every_reader(store, tmp_path):
     for name, fig in FIGURES.items():
         value = record.get(name)
         assert line[name] == value and history[name] == value, name  # metrics.jsonl, the control history
+        if fig.label:  # by label: one series, one tracker key per key of the dict
+            for key, v in value.items():
+                assert samples[(metric_name(fig), ((fig.label, key),))] == v, name
+                assert tracked[f"{tracker_key(name)}/{key}"] == v, name
+            continue
         if name not in NOT_METRICS:
             assert tracked[tracker_key(name)] == float(value), name
         if fig.kind == "gauge":
