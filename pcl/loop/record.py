@@ -13,7 +13,8 @@ the control history (`services.control.state`), the trackers (`services.tracking
 `FIGURES`, so a new step metric is a new field here and nothing else.
 
 Figures without a field of their own (a strategy's own, e.g. `speed_rounds`, `tau`; the benchmark suite's
-`suite_<name>`; anything a port adds) travel in `extra` and are written flat beside the fields.
+`suite_<name>`; anything a port adds) travel in `extra` and are written flat beside the fields: metrics.jsonl, the
+control history and the trackers carry them by their names; Prometheus serves the fields only.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from pcl.loop.reference import reference_pass_rates
 from pcl.loop.state import LoopState
 from pcl.loop.resume import resume_strategy
 from pcl.rl import effective_ratio, explained_variance
-from pcl.loop.record import StepRecord
+from pcl.loop.record import StepRecord, check_keys
 from pcl.loop.rounds import RoundLedger
 from pcl.strategies.base import Request, StepStrategy
 
@@ -50,6 +50,7 @@ class StepTimer(dict):
 
     @contextmanager
     def __call__(self, name: str):
+        check_keys([name], "StepTimer")  # a duration is a field of the step record
         start = self.clock.monotonic()
         try:
             yield

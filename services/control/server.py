@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from pcl.config import Config, ConfigError, ControlConfig
 from pcl.credentials import check_token
+from pcl.loop.record import check_keys
 from services.control.state import ControlStore
 
 if TYPE_CHECKING:
@@ -169,6 +170,7 @@ STATUS_METRICS = (
     "weight_sync_seconds",
     "step_seconds",
 )
+check_keys(STATUS_METRICS, "services.control.server.STATUS_METRICS")  # the step figures `pcl status` prints
 
 
 def fetch_status(url: str, timeout_s: float = 5.0) -> dict:

@@ -119,3 +119,16 @@ def test_the_loop_drives_a_strategy_through_its_view_only(tmp_path):
     record = loop.train_step(0)
     assert record.batch_samples == M * N and loop.last_ids == [p.id for p in strategy.batch]
     assert record.extra["own_figure"] == 1.0 and fleet.learner.synced == [1]
+
+
+def test_a_step_duration_is_a_field_of_the_step_record():
+    from pcl.loop.ports import SystemClock
+    from pcl.loop.step import StepTimer
+
+    timer = StepTimer(SystemClock())
+    with timer("train_seconds"):
+        pass
+    assert set(timer) == {"train_seconds"}
+    with pytest.raises(ValueError, match="train_secs is not a field of pcl.loop.record.StepRecord"):
+        with timer("train_secs"):
+            pass
