@@ -38,7 +38,8 @@ from pathlib import Path
 import torch
 
 from bench import ROOT, add_json_option, run, write_figures
-from bench.learner import SHAPES, build_qwen3, join_group, make_sequences, peak_memory_gb, random_ids, synchronize, timed_steps
+from bench.learner import (SHAPES, build_qwen3, join_group, make_sequences, peak_memory_gb, random_ids, synchronize,
+                           timed_steps)
 
 # (prompts, samples per prompt, prompt tokens, new tokens) for the engine; learner and value sizes; the scale
 # check's (sequences, prompt tokens, response tokens).

@@ -1,6 +1,7 @@
 """Peak memory and tokens/s of one policy-learner step over a sweep of settings, each point in its own process.
 
     python -m bench.learner                               # CPU: a 2-layer Qwen3-vocabulary model, 8 x 4,096 tokens
+    python -m bench.learner --sweep-sequences 8           # every point at the full batch (slow on a small CPU)
     python -m bench.learner --points default,no-ckpt      # some of the points
     python -m bench.learner --json learner.json
 
@@ -11,7 +12,9 @@ fresh process, takes one warm-up step and one timed step, and reports the proces
 RSS, which includes loading the model) or, on a GPU, torch.cuda.max_memory_allocated. The points vary the
 learner's settings: `learner.max_tokens_per_micro_batch`, `learner.activation_checkpointing`,
 `learner.micro_batch_size`. The last line printed is the peak memory of the default point (the presets'
-settings).
+settings). On CPU one step of the default point is minutes (the LM head over 24,576 response positions and a
+151,936-token vocabulary: ~8 TFLOP with its recomputation), so the other points run `--sweep-sequences`
+sequences (2 by default) and the whole sweep takes about ten minutes on two cores.
 """
 
 from __future__ import annotations
@@ -136,7 +139,8 @@ def run_point(model: str, point: str, sequences: int, prompt_len: int, response_
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     result = timed_steps(learner, make_sequences(sequences, prompt_len, response_len, learner.vocab_size), device)
-    return {"point": point, "max_tokens_per_micro_batch": budget, "activation_checkpointing": checkpointing,
+    return {"point": point, "sequences": sequences, "max_tokens_per_micro_batch": budget,
+            "activation_checkpointing": checkpointing,
             "micro_batch_size": micro, "micro_batches": result["stats"]["micro_batches"],
             "padding_ratio": result["stats"]["learner_padding_ratio"], "seconds": result["seconds"],
             "tokens_per_second": result["tokens_per_second"], "peak_gb": peak_memory_gb(device)}
@@ -151,8 +155,9 @@ def _child(args) -> dict:
 
 
 def _spawn(args, model: Path, point: str) -> dict:
+    sequences = args.sequences if point == "default" else args.sweep_sequences
     command = [sys.executable, "-m", "bench.learner", "--point", point, "--model", str(model),
-               "--sequences", str(args.sequences), "--prompt-tokens", str(args.prompt_tokens),
+               "--sequences", str(sequences), "--prompt-tokens", str(args.prompt_tokens),
                "--response-tokens", str(args.response_tokens), "--device", args.device, "--dtype", args.dtype,
                "--threads", str(args.threads)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
@@ -166,7 +171,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--points", default=",".join(POINTS), help=f"comma-separated, of {', '.join(POINTS)}")
     parser.add_argument("--shape", default="cpu", choices=sorted(SHAPES))
-    parser.add_argument("--sequences", type=int, default=8)
+    parser.add_argument("--sequences", type=int, default=8, help="sequences of the default point's step")
+    parser.add_argument("--sweep-sequences", type=int, default=2, help="sequences of the other points' steps")
     parser.add_argument("--prompt-tokens", type=int, default=1024)
     parser.add_argument("--response-tokens", type=int, default=3072)
     parser.add_argument("--device", default="cpu")
@@ -185,7 +191,8 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="pcl-bench-learner-") as tmp:
         model = build_qwen3(Path(tmp) / "policy", SHAPES[args.shape])
         rows = [_spawn(args, model, point) for point in points]
-    figures = {"shape": args.shape, "sequences": args.sequences, "prompt_tokens": args.prompt_tokens,
+    figures = {"shape": args.shape, "sequences": args.sequences, "sweep_sequences": args.sweep_sequences,
+               "prompt_tokens": args.prompt_tokens,
                "response_tokens": args.response_tokens, "device": args.device, "dtype": args.dtype, "points": rows}
     default = next((r for r in rows if r["point"] == "default" and "error" not in r), None)
     figures["default_peak_gb"] = default["peak_gb"] if default else None
@@ -194,15 +201,16 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 def print_table(figures: dict) -> None:
-    print(f"one learner step: {figures['shape']} model, {figures['sequences']} x ({figures['prompt_tokens']} + "
+    print(f"one learner step: {figures['shape']} model, sequences of ({figures['prompt_tokens']} + "
           f"{figures['response_tokens']}) tokens, {figures['device']} {figures['dtype']}")
-    print(f"{'point':<12}{'budget':>8}{'ckpt':>6}{'mbs':>5}{'passes':>8}{'padding':>9}{'seconds':>9}"
+    print(f"{'point':<12}{'seqs':>5}{'budget':>8}{'ckpt':>6}{'mbs':>5}{'passes':>8}{'padding':>9}{'seconds':>9}"
           f"{'tokens/s':>10}{'peak GB':>9}")
     for r in figures["points"]:
         if "error" in r:
             print(f"{r['point']:<12} failed (exit {r['exit']}): {r['error']}")
             continue
-        print(f"{r['point']:<12}{r['max_tokens_per_micro_batch']:>8}{'on' if r['activation_checkpointing'] else 'off':>6}"
+        checkpointing = "on" if r["activation_checkpointing"] else "off"
+        print(f"{r['point']:<12}{r['sequences']:>5}{r['max_tokens_per_micro_batch']:>8}{checkpointing:>6}"
               f"{r['micro_batch_size']:>5}{r['micro_batches']:>8.0f}{r['padding_ratio']:>9.1%}{r['seconds']:>9.1f}"
               f"{r['tokens_per_second']:>10,.0f}{r['peak_gb']:>9.2f}")
     peak = figures["default_peak_gb"]
