@@ -325,6 +325,24 @@ def test_hf_engine_reports_the_sampled_tokens_logprobs_as_the_learner_computes_t
     engine.share_prefill = True
 
 
+
+def test_hf_engine_keeps_one_step_of_logits_not_every_step(engine, monkeypatch):
+    """The sampled tokens' log-probabilities are reduced step by step: generate returns no per-step logits
+    (kept to the end they are rows x T x V floats: 74 GiB for 512 samples of 256 tokens at Qwen3's vocabulary)."""
+    outputs = []
+    generate = engine.model.generate
+
+    def spy(*args, **kwargs):
+        outputs.append(generate(*args, **kwargs))
+        return outputs[-1]
+
+    monkeypatch.setattr(engine.model, "generate", spy)
+    tok = build_tokenizer()
+    prompts = [tok(q, add_special_tokens=False)["input_ids"] for q in QUESTIONS]
+    groups = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=8))
+    assert outputs and all(out.logits is None and out.scores is None for out in outputs)
+    assert all(len(g.logprobs) == len(g.token_ids) for group in groups for g in group)
+
 def test_engine_death_is_recognised_through_the_exception_chain():
     from pcl.engines.base import EngineDead, engine_dead
 
