@@ -185,7 +185,7 @@ def measure_pass_rates(model, tokenizer, rows: list[dict], samples: int, seed: i
     Batched HF generate with left padding; max_new_tokens is the batch's longest `response` + 2, and a
     response that does not end with EOS within it is truncated and scores 0 (algorithm step 5).
     """
-    from pcl.reward.verdict import math_reward
+    from pcl.reward.verdict import response_reward
 
     torch.manual_seed(seed)
     rates = []
@@ -201,11 +201,10 @@ def measure_pass_rates(model, tokenizer, rows: list[dict], samples: int, seed: i
         for row, row_responses in zip(chunk, responses):
             rewards = []
             for sample in row_responses.tolist():
-                if tokenizer.eos_token_id not in sample:
-                    rewards.append(0.0)  # truncated
-                    continue
-                answer = sample[: sample.index(tokenizer.eos_token_id)]
-                rewards.append(math_reward(tokenizer.decode(answer, skip_special_tokens=True), row["answer"]))
+                stopped = tokenizer.eos_token_id in sample  # else truncated: scored 0, not verified
+                text = tokenizer.decode(sample[: sample.index(tokenizer.eos_token_id)], skip_special_tokens=True) \
+                    if stopped else ""
+                rewards.append(response_reward("stop" if stopped else "length", text, row["answer"]))
             rates.append(sum(rewards) / samples)
         if progress is not None:
             progress(len(chunk))
