@@ -67,12 +67,24 @@ class LearnerRank:
     def full_state_dict(self) -> dict:
         return self.learner.full_state_dict()
 
+    def weight_group_address(self) -> tuple[str, int]:
+        """Rank 0: the weight-sync group's rendezvous address, its port held bound until the group forms on it."""
+        from pcl.weight_sync.collective import reserve_port
+
+        self.weight_listener = reserve_port()
+        return ray.util.get_node_ip_address(), self.weight_listener.getsockname()[1]
+
     def open_weight_group(self, address: tuple[str, int], world_size: int, backend: str, timeout_s: float) -> bool:
-        """Rank 0: host the weight-sync group with the vLLM workers (`rollout.weight_sync: collective`)."""
+        """Rank 0: host the weight-sync group with the vLLM workers (`rollout.weight_sync: collective`) on the
+        socket `weight_group_address` reserved; a group held from before is closed first."""
         from pcl.weight_sync.collective import WeightGroup
 
+        if getattr(self, "weight_group", None) is not None:
+            self.weight_group.close()
         device = "cuda" if backend == "nccl" else "cpu"
-        self.weight_group = WeightGroup.open(address[0], address[1], 0, world_size, backend, timeout_s, device)
+        self.weight_group = WeightGroup.open(address[0], address[1], 0, world_size, backend, timeout_s, device,
+                                             listen_socket=getattr(self, "weight_listener", None))
+        self.weight_listener = None
         return True
 
     def broadcast_weights(self, bucket_bytes: int) -> int:

@@ -26,11 +26,12 @@ class WeightBroadcast:
         self.formed = False
 
     def form(self) -> None:
-        """Learner rank 0 hosts the group at a free port of its node; every vLLM worker joins it."""
+        """Learner rank 0 hosts the group at a port of its node it holds bound; every vLLM worker joins it (each
+        member leaves a group it held from before: a failed one was aborted where the failure was seen)."""
         import ray
 
         rank0 = self.learners.ranks[0]
-        address = ray.get(rank0.address.remote(), timeout=self.timeout_s)
+        address = ray.get(rank0.weight_group_address.remote(), timeout=self.timeout_s)  # its port held bound
         tp = self.cfg.tensor_parallel_size
         world = 1 + tp * len(self.workers)
         join_timeout = min(self.timeout_s, 600.0)

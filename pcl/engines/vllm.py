@@ -96,6 +96,9 @@ class WeightUpdateExtension:
 
         rank = rank_offset + int(getattr(self, "rank", 0))
         device = "cuda" if backend == "nccl" else "cpu"
+        previous = getattr(self, "pcl_weight_group", None)
+        if previous is not None:  # a group re-forms: leave the old one first (no leaked communicators)
+            previous.close()
         self.pcl_weight_group = WeightGroup.open(host, port, rank, world_size, backend, timeout_s, device)
         return rank
 

@@ -17,12 +17,22 @@ the sender packs bucket k + 1 while bucket k is on the wire, and a receiver take
 buffer while its caller loads bucket k, so the transfer overlaps vLLM's load. A sync opens with a header, the
 JSON list of (name, dtype, shape) and the bucket size (bounded to MAX_HEADER_BYTES, dtypes checked against a
 fixed set, nothing unpickled), from which the receivers derive the same buckets. A group that cannot form within `timeout_s` raises `WeightSyncError` naming the address.
+
+The group's life: rank 0 hosts the rendezvous on a socket it holds bound from the moment its address is handed out
+(`reserve_port`; no bind-then-close race for the port); the barrier that proves the group formed names the device
+(NCCL would otherwise guess one per rank); every wait is bounded by `timeout_s`, and with NCCL its asynchronous
+error handling is on (TORCH_NCCL_ASYNC_ERROR_HANDLING=2: a failed collective aborts the communicator and raises in
+the caller, where the watchdog would otherwise end the process), so a lost peer surfaces as `WeightSyncError`
+within the timeout. A member that sees a failure aborts its group at once (`abort`), and a member asked to join a
+new group first closes the one it held, so communicators never leak across re-formations.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import socket
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import timedelta
@@ -38,6 +48,17 @@ TensorSpec = tuple[str, str, tuple[int, ...]]  # (name, dtype as torch spells it
 
 class WeightSyncError(RuntimeError):
     """The weight-sync group could not form or a broadcast failed (the message names the address)."""
+
+
+def reserve_port(host: str = "") -> socket.socket:
+    """A listening TCP socket on a free port of this host, for rank 0 to hand to `WeightGroup.open`: the port is
+    held from the moment its number is handed out (binding, closing and binding again later races other
+    processes for it)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.listen(128)
+    return sock
 
 
 def tensor_specs(named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> list[TensorSpec]:
@@ -69,30 +90,40 @@ def plan_buckets(specs: list[TensorSpec], bucket_bytes: int) -> list[list[int]]:
 class WeightGroup:
     """One member of a weight-sync group (rank 0 sends, the others receive)."""
 
-    def __init__(self, group, store, rank: int, world_size: int, device: torch.device, address: str) -> None:
+    def __init__(self, group, store, rank: int, world_size: int, device: torch.device, address: str,
+                 timeout_s: float = 60.0) -> None:
         self.group, self._store, self.rank, self.world_size = group, store, rank, world_size
         self.device, self.address = device, address
+        self.timeout = timedelta(seconds=timeout_s)
 
     @classmethod
     def open(cls, host: str, port: int, rank: int, world_size: int, backend: str = "gloo",
-             timeout_s: float = 60.0, device: str | torch.device = "cpu") -> "WeightGroup":
-        """Join the group at host:port as `rank` of `world_size` (rank 0 hosts the store); waits at most timeout_s."""
+             timeout_s: float = 60.0, device: str | torch.device = "cpu",
+             listen_socket: socket.socket | None = None) -> "WeightGroup":
+        """Join the group at host:port as `rank` of `world_size` (rank 0 hosts the store, on `listen_socket` when
+        given: a `reserve_port` socket bound to `port`); waits at most timeout_s."""
         import torch.distributed as dist
 
         if not 0 <= rank < world_size:
             raise ValueError(f"rank: expected 0 <= rank < world_size={world_size}, got {rank}")
         address = f"{host}:{port}"
         timeout = timedelta(seconds=timeout_s)
+        device = torch.device(device)
+        group = None
         try:
+            handed = {}
+            if rank == 0 and listen_socket is not None:  # the store takes the socket over (and closes it)
+                handed["master_listen_fd"] = listen_socket.detach()
             store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout,
-                                  wait_for_workers=False)
+                                  wait_for_workers=False, **handed)
             store = dist.PrefixStore("pcl-weight-sync", store)
             group = _process_group(backend, store, rank, world_size, timeout)
-            group.barrier().wait()  # every member is connected: the group has formed
+            group.barrier(_barrier_options(device, timeout)).wait()  # every member is connected: formed
         except (RuntimeError, ValueError, OSError) as exc:  # DistStoreError / DistNetworkError are RuntimeErrors
+            _abort(group)
             raise WeightSyncError(f"weight-sync group at {address} ({backend}, rank {rank} of {world_size}) did not "
                                   f"form within {timeout_s:g} s: {exc}".splitlines()[0]) from exc
-        return cls(group, store, rank, world_size, torch.device(device), address)
+        return cls(group, store, rank, world_size, device, address, timeout_s)
 
     def broadcast(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
                   bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
@@ -159,6 +190,9 @@ class WeightGroup:
 
     def _start(self, flat: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """Post the broadcast of `flat` (rank 0 sends it, the others receive into it); `_finish` waits for it."""
+        if self.group is None:
+            raise WeightSyncError(f"weight-sync group at {self.address} is closed (a failure aborted it): "
+                                  f"it must be formed again")
         try:
             return flat, self.group.broadcast([flat], _broadcast_options(0))
         except RuntimeError as exc:
@@ -167,16 +201,50 @@ class WeightGroup:
     def _finish(self, posted: tuple[torch.Tensor, Any]) -> torch.Tensor:
         flat, work = posted
         try:
-            work.wait()
+            work.wait(self.timeout)  # bounded: a lost peer is an error within the timeout, not a hang
         except RuntimeError as exc:
             raise self._failed(exc) from exc
         return flat
 
     def _failed(self, exc: RuntimeError) -> WeightSyncError:
-        return WeightSyncError(f"weight-sync broadcast on the group at {self.address} failed: {exc}".splitlines()[0])
+        """The group is no longer usable: abort it here at once, and name it in the error."""
+        self.abort()
+        return WeightSyncError(f"weight-sync broadcast on the group at {self.address} failed (group aborted): "
+                               f"{exc}".splitlines()[0])
+
+    def abort(self) -> None:
+        """Abort the group's communicators without waiting for the peers (after a failure); idempotent."""
+        group, self.group, self._store = self.group, None, None
+        _abort(group)
 
     def close(self) -> None:
-        self.group, self._store = None, None
+        """Leave the group: shut its communicators down (aborted when a shutdown is not possible); idempotent."""
+        group, self.group, self._store = self.group, None, None
+        if group is not None:
+            try:
+                group.shutdown()
+            except RuntimeError:
+                _abort(group)
+
+
+def _abort(group) -> None:
+    if group is not None:
+        try:
+            group.abort()
+        except RuntimeError:  # already torn down
+            pass
+
+
+def _barrier_options(device: torch.device, timeout: timedelta):
+    """The barrier's options, naming the device: NCCL otherwise guesses one per rank (and may pick a GPU the
+    rank does not use)."""
+    import torch.distributed as dist
+
+    options = dist.BarrierOptions()
+    options.timeout = timeout
+    if device.type == "cuda":
+        options.device_ids = [device.index if device.index is not None else torch.cuda.current_device()]
+    return options
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
@@ -199,6 +267,10 @@ def _process_group(backend: str, store, rank: int, world_size: int, timeout: tim
     if backend == "gloo":
         return dist.ProcessGroupGloo(store, rank, world_size, timeout)
     if backend == "nccl":
+        # A failed collective aborts the communicator and raises here (2: CleanUpOnly), where NCCL's watchdog would
+        # otherwise end the process; waits honour the timeout.
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, world_size, options)

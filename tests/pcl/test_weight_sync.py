@@ -112,3 +112,66 @@ def test_the_collective_route_needs_the_vllm_engine():
         RolloutConfig(weight_sync="collective")
     assert RolloutConfig(engine="vllm", weight_sync="collective").weight_sync_bucket_mb == 256
     assert RolloutConfig().weight_sync == "rpc"
+
+
+def test_rank_0_hosts_the_rendezvous_on_the_port_it_handed_out_held_all_along():
+    """The port is reserved bound (nobody else can take it between the hand-over and the group's forming) and
+    the group forms on that very socket."""
+    from pcl.weight_sync.collective import reserve_port
+
+    listener = reserve_port("127.0.0.1")
+    port = listener.getsockname()[1]
+    with socket.socket() as intruder, pytest.raises(OSError):
+        intruder.bind(("127.0.0.1", port))  # held: a bind-then-close port would be free here
+    received = {}
+
+    def receiver() -> None:
+        group = WeightGroup.open("127.0.0.1", port, 1, 2, "gloo", timeout_s=30)
+        received.update((name, t.clone()) for bucket in group.receive() for name, t in bucket)
+        group.close()
+
+    thread = threading.Thread(target=receiver)
+    thread.start()
+    sender = WeightGroup.open("127.0.0.1", port, 0, 2, "gloo", timeout_s=30, listen_socket=listener)
+    sender.broadcast({"w": torch.arange(6.0)})
+    thread.join(30)
+    sender.close()
+    listener.close()
+    assert torch.equal(received["w"], torch.arange(6.0))
+
+
+def test_a_lost_peer_is_a_weight_sync_error_within_the_timeout_and_the_group_is_aborted():
+    """Rank 0 never sends (it is gone): the receiver's wait ends at the group's timeout with WeightSyncError, its
+    group is aborted at once, and a later use says the group must be formed again instead of hanging."""
+    port, formed = free_port(), threading.Event()
+    done = threading.Event()
+
+    def silent_sender() -> None:
+        group = WeightGroup.open("127.0.0.1", port, 0, 2, "gloo", timeout_s=30)
+        formed.set()
+        done.wait(30)
+        group.abort()
+
+    thread = threading.Thread(target=silent_sender)
+    thread.start()
+    receiver = WeightGroup.open("127.0.0.1", port, 1, 2, "gloo", timeout_s=3)
+    assert formed.wait(30)
+    start = time.monotonic()
+    with pytest.raises(WeightSyncError, match=rf"group at 127.0.0.1:{port} failed \(group aborted\)"):
+        list(receiver.receive())
+    assert time.monotonic() - start < 15  # the 3 s timeout, not a hang
+    assert receiver.group is None
+    with pytest.raises(WeightSyncError, match="closed"):
+        list(receiver.receive())
+    done.set()
+    thread.join(30)
+
+
+def test_the_barrier_names_the_device():
+    from datetime import timedelta
+
+    from pcl.weight_sync.collective import _barrier_options
+
+    assert list(_barrier_options(torch.device("cpu"), timedelta(seconds=5)).device_ids) == []
+    assert list(_barrier_options(torch.device("cuda:3"), timedelta(seconds=5)).device_ids) == [3]
+    assert _barrier_options(torch.device("cpu"), timedelta(seconds=5)).timeout == timedelta(seconds=5)
