@@ -14,8 +14,13 @@ Counted, per GPU of each role:
   tensor_parallel_size GPUs and the KV cache in the rest, which must hold one max-length sequence
   (pcl.engines.max_model_len: data.max_prompt_tokens + the larger of rollout.max_new_tokens and
   evaluation.max_new_tokens, the context vLLM is started with) and is reported in such sequences.
-Not counted: activations, the CUDA context and allocator fragmentation; `cluster.headroom` of every learner and
-value GPU is kept for them. GB here are 10^9 bytes.
+The learner and V also hold the activations of one micro-batch: `max_tokens_per_micro_batch` tokens (else
+micro_batch_size / batch_size sequences of the longest length), every layer's saved tensors without activation
+checkpointing, with it one input per layer plus one layer recomputed (`ModelShape.activation_bytes`); the policy's
+LM head adds one chunk of logits (LOGITS_CHUNK positions x vocabulary, with its softmax and gradient) and, below
+float32, a float32 accumulator of the head's gradient. Estimates of what autograd keeps for a Llama / Qwen layer
+with fused attention (no T x T scores). Not counted: the CUDA context and allocator fragmentation;
+`cluster.headroom` of every learner and value GPU is kept for them. GB here are 10^9 bytes.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pcl.engines import max_model_len
 GB = 1e9
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 TRAIN_BYTES = 16  # float32 weights + gradients + AdamW exp_avg + exp_avg_sq
+LOGITS_CHUNK = 1024  # positions of logits at a time (pcl.models.learner.PolicyLearner's logits_chunk_tokens)
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,28 @@ class ModelShape:
     def value_params(self) -> int:
         """V: the backbone without the LM head, plus the scalar head (hidden + 1)."""
         return self.embedding_params + self.layers * self.layer_params + self.hidden + self.hidden + 1
+
+    def layer_activation_bytes(self, dtype_bytes: int) -> int:
+        """Bytes one token's pass through one layer leaves for backward without checkpointing: the norms' inputs
+        and outputs (their float32 copies too), q/k/v before and after norm and rotary, attention's inputs and
+        output, the SwiGLU's four intermediate-width tensors."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return (dtype_bytes * (4 * self.hidden + 5 * q + 4 * kv + 4 * self.intermediate)
+                + 4 * (2 * self.hidden + q + kv))
+
+    def activation_bytes(self, tokens: int, dtype_bytes: int, checkpointing: bool) -> int:
+        """A micro-batch's activations over all layers, plus the final hidden states and their gradient."""
+        head = 2 * 4 * tokens * self.hidden
+        if checkpointing:  # each layer's input, and one layer's activations while it is recomputed
+            return (self.layers * tokens * self.hidden * dtype_bytes
+                    + tokens * self.layer_activation_bytes(dtype_bytes) + head)
+        return self.layers * tokens * self.layer_activation_bytes(dtype_bytes) + head
+
+    def logits_bytes(self, dtype_bytes: int) -> int:
+        """The LM head run in chunks: one chunk's float32 logits, their softmax / gradient and compute-dtype copies,
+        and (below float32) the float32 accumulator of the head's gradient."""
+        chunk = LOGITS_CHUNK * self.vocab * (8 + 2 * dtype_bytes)
+        return chunk + (4 * self.vocab * self.hidden if dtype_bytes < 4 else 0)
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * dtype_bytes
@@ -121,6 +149,7 @@ class Role:
     parts: dict[str, float]
     budget: float
     note: str = ""
+    tokens: int | None = None  # tokens of one micro-batch (learner, V)
 
     @property
     def total(self) -> float:
@@ -135,16 +164,17 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
     def table(self) -> str:
-        columns = ["weights", "grads", "optimizer", "gathered", "scoring copy", "KV cache"]
+        columns = ["weights", "grads", "optimizer", "gathered", "activations", "logits", "scoring copy", "KV cache"]
         c = self.cluster
         lines = [f"cluster: {c.nodes} x {c.gpus_per_node} GPUs of {c.gpu_memory_gb:g} GB "
                  f"({c.headroom:.0%} of each learner / value GPU kept free)",
                  f"{'GB per GPU':<15}{'GPUs':>6}" + "".join(f"{name:>13}" for name in columns)
-                 + f"{'total':>9}{'budget':>9}"]
+                 + f"{'total':>9}{'budget':>9}{'mb tokens':>11}"]
         for role in self.roles:
             cells = "".join(f"{role.parts[n] / GB:>13.1f}" if n in role.parts else f"{'-':>13}" for n in columns)
             lines.append(f"{role.name:<15}{role.count * role.gpus_each:>6g}{cells}"
-                         f"{role.total / GB:>9.1f}{role.budget / GB:>9.1f}")
+                         f"{role.total / GB:>9.1f}{role.budget / GB:>9.1f}"
+                         f"{'-' if role.tokens is None else role.tokens:>11}")
         lines += [f"  {note}" for note in self.notes]
         problems = "\n".join(f"  {s}" for s in self.shortfalls)
         lines.append(f"does not fit:\n{problems}" if self.shortfalls else "fits")
@@ -156,6 +186,21 @@ def _trained(params: int, ranks: int) -> dict[str, float]:
     return {"weights": 4 * share, "grads": 4 * share, "optimizer": 8 * share}
 
 
+def learner_tokens(cfg: Config) -> int:
+    """Tokens of the learner's largest micro-batch: its token budget, or micro_batch_size longest sequences."""
+    longest = cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens
+    capped = cfg.learner.micro_batch_size * longest
+    budget = cfg.learner.max_tokens_per_micro_batch
+    return capped if budget is None else min(budget, capped)
+
+
+def value_tokens(cfg: Config) -> int:
+    """Prompt tokens of V's largest training pass: its token budget, or batch_size longest prompts."""
+    capped = cfg.value.batch_size * cfg.data.max_prompt_tokens
+    budget = cfg.value.max_tokens_per_micro_batch
+    return capped if budget is None else min(budget, capped)
+
+
 def _learner(cfg: Config, shape: ModelShape, gpu: float) -> Role:
     ranks, compute = cfg.learner.num_ranks, BYTES[cfg.model.dtype]
     parts = _trained(shape.policy_params, ranks)
@@ -163,7 +208,11 @@ def _learner(cfg: Config, shape: ModelShape, gpu: float) -> Role:
         layers = shape.layers if not cfg.learner.reshard_after_forward else min(2, shape.layers)
         root = shape.policy_params - shape.layers * shape.layer_params
         parts["gathered"] = compute * (root + layers * shape.layer_params)
-    return Role("policy learner", ranks, cfg.learner.num_gpus_per_rank, parts, gpu * (1 - cfg.cluster.headroom))
+    learner = cfg.learner
+    parts["activations"] = shape.activation_bytes(learner_tokens(cfg), compute, learner.activation_checkpointing)
+    parts["logits"] = shape.logits_bytes(compute)
+    return Role("policy learner", ranks, cfg.learner.num_gpus_per_rank, parts, gpu * (1 - cfg.cluster.headroom),
+                tokens=learner_tokens(cfg))
 
 
 def _value(cfg: Config, shape: ModelShape, gpu: float) -> Role:
@@ -175,7 +224,9 @@ def _value(cfg: Config, shape: ModelShape, gpu: float) -> Role:
     if ranks > 1:
         root = shape.value_params - shape.layers * shape.layer_params
         parts["gathered"] = 4 * (root + min(2, shape.layers) * shape.layer_params)
-    return Role("value model", ranks, cfg.learner.num_gpus_per_rank, parts, gpu * (1 - cfg.cluster.headroom))
+    parts["activations"] = shape.activation_bytes(value_tokens(cfg), 4, cfg.value.activation_checkpointing)
+    return Role("value model", ranks, cfg.learner.num_gpus_per_rank, parts, gpu * (1 - cfg.cluster.headroom),
+                tokens=value_tokens(cfg))
 
 
 def _rollout(cfg: Config, shape: ModelShape, gpu: float) -> tuple[Role, int]:
@@ -191,13 +242,39 @@ def _rollout(cfg: Config, shape: ModelShape, gpu: float) -> tuple[Role, int]:
     return role, sequences
 
 
-def _min_ranks(role_of, cfg: Config, shape: ModelShape, gpu: float, section: str) -> int | None:
-    for ranks in range(1, 257):
-        trial = cfg.model_copy(update={section: getattr(cfg, section).model_copy(update={"num_ranks": ranks})})
-        role = role_of(trial, shape, gpu)
-        if role.total <= role.budget:
-            return ranks
-    return None
+def _with(cfg: Config, section: str, **update) -> Config:
+    return cfg.model_copy(update={section: getattr(cfg, section).model_copy(update=update)})
+
+
+def _fits(role_of, cfg: Config, shape: ModelShape, gpu: float) -> bool:
+    role = role_of(cfg, shape, gpu)
+    return role.total <= role.budget
+
+
+def _fix(role_of, cfg: Config, shape: ModelShape, gpu: float, section: str) -> str:
+    """The first single setting of `section` that makes the role fit, as '; set ...' (or what is left to try):
+    activation checkpointing, then a smaller token budget (down to the longest sequence), then more ranks."""
+    settings = getattr(cfg, section)
+    if not settings.activation_checkpointing and _fits(role_of, _with(cfg, section, activation_checkpointing=True),
+                                                      shape, gpu):
+        return f"; set {section}.activation_checkpointing: true"
+    longest = cfg.data.max_prompt_tokens + (cfg.rollout.max_new_tokens if section == "learner" else 0)
+    tokens = learner_tokens(cfg) if section == "learner" else value_tokens(cfg)
+    while tokens // 2 >= longest:
+        tokens //= 2
+        if _fits(role_of, _with(cfg, section, max_tokens_per_micro_batch=tokens), shape, gpu):
+            return f"; set {section}.max_tokens_per_micro_batch <= {tokens}"
+    for ranks in range(settings.num_ranks + 1, 257):
+        if _fits(role_of, _with(cfg, section, num_ranks=ranks), shape, gpu):
+            return f"; set {section}.num_ranks >= {ranks}"
+    for ranks in range(settings.num_ranks + 1, 257):  # both: more ranks, and the smallest budget
+        trial = _with(cfg, section, num_ranks=ranks, max_tokens_per_micro_batch=longest, activation_checkpointing=True)
+        if _fits(role_of, trial, shape, gpu):
+            return (f"; set {section}.num_ranks >= {ranks} with {section}.max_tokens_per_micro_batch {longest} and "
+                    f"{section}.activation_checkpointing: true")
+    if section == "value":
+        return "; no value.num_ranks fits (the scoring copy is whole on every rank)"
+    return ""
 
 
 def plan_run(cfg: Config, cluster: ClusterConfig | None = None) -> Plan:
@@ -214,20 +291,22 @@ def plan_run(cfg: Config, cluster: ClusterConfig | None = None) -> Plan:
     value = model_shape(cfg.value.path or cfg.model.path)
     plan.notes.append(f"policy {cfg.model.path}: {policy.policy_params / 1e9:.2f}B parameters ({policy.source}); "
                       f"V: {value.value_params / 1e9:.2f}B")
+    on_off = {True: "on", False: "off"}
+    plan.notes.append(f"micro-batches (mb tokens): learner.max_tokens_per_micro_batch "
+                      f"{cfg.learner.max_tokens_per_micro_batch}, micro_batch_size {cfg.learner.micro_batch_size}, "
+                      f"activation checkpointing {on_off[cfg.learner.activation_checkpointing]}; V "
+                      f"value.max_tokens_per_micro_batch {cfg.value.max_tokens_per_micro_batch}, batch_size "
+                      f"{cfg.value.batch_size}, activation checkpointing {on_off[cfg.value.activation_checkpointing]}")
     needs_value = make_strategy(cfg.selection, cfg.run.m, cfg.run.seed, n=cfg.run.n).needs_values
     learner = _learner(cfg, policy, gpu)
     plan.roles.append(learner)
     if learner.total > learner.budget:
-        least = _min_ranks(_learner, cfg, policy, gpu, "learner")
-        plan.shortfalls.append(_short("policy learner", learner, cluster)
-                               + (f"; set learner.num_ranks >= {least}" if least else ""))
+        plan.shortfalls.append(_short("policy learner", learner, cluster) + _fix(_learner, cfg, policy, gpu, "learner"))
     if needs_value:
         role = _value(cfg, value, gpu)
         plan.roles.append(role)
         if role.total > role.budget:
-            least = _min_ranks(_value, cfg, value, gpu, "value")
-            plan.shortfalls.append(_short("V", role, cluster) + (f"; set value.num_ranks >= {least}" if least else
-                                   "; no value.num_ranks fits (the scoring copy is whole on every rank)"))
+            plan.shortfalls.append(_short("V", role, cluster) + _fix(_value, cfg, value, gpu, "value"))
     rollout, sequences = _rollout(cfg, policy, gpu)
     plan.roles.append(rollout)
     plan.notes.append(f"each rollout worker's KV cache holds {sequences} sequences of "
