@@ -2,7 +2,7 @@
 `pcl --help` returns at once.
 
     pcl make-tiny [--seed 0] [--out DIR] [--task tiny|tiny-carry]   build a tiny task and its warm-started model
-    pcl train CONFIG [MORE.yaml ...] [--run-dir DIR] [--resume [DIR]] [key=value ...]
+    pcl train CONFIG [MORE.yaml ...] [--run-dir DIR] [--resume [DIR]] [--ignore-plan] [key=value ...]
     pcl control --redis-url URL (--run NAME | --config CONFIG) [key=value ...]   serve a run's control plane
     pcl status [--url URL] [--json]                        a run's status, as a table
     pcl probe-batch CONFIG [--sizes B,...] [--repeats R] [key=value ...]   generation time over batch sizes
@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -36,9 +37,23 @@ def _cmd_train(args: argparse.Namespace) -> int:
         # `--resume key=value`: the optional DIR took an override; it means `--resume` and that override
         args.overrides, args.resume = [args.resume, *args.overrides], ""
     cfg = load_config(*_config_files(args))
+    _check_plan(cfg, args.ignore_plan)
     from entrypoints.train import run_training
 
     return run_training(cfg, run_dir=args.run_dir, resume=args.resume)
+
+
+def _check_plan(cfg, ignore: bool) -> None:
+    """Refuse a GPU config that `pcl plan` says does not fit (ConfigError), unless `ignore`: then log it."""
+    from pcl.config import ConfigError
+    from pcl.tools.plan import plan_refusal
+
+    problem = plan_refusal(cfg)
+    if problem is None:
+        return
+    if not ignore:
+        raise ConfigError(problem)
+    logging.getLogger("pcl.train").warning("--ignore-plan: training although %s", problem.split("\nchange")[0])
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
@@ -201,6 +216,8 @@ def _add_training_commands(sub) -> None:
     p.add_argument("--run-dir", help="where metrics.jsonl and checkpoints go (default runs/<run.name>)")
     p.add_argument("--resume", nargs="?", const="", default=None, metavar="DIR",
                    help="continue from the newest complete checkpoint (of DIR, or of the run dir)")
+    p.add_argument("--ignore-plan", action="store_true",
+                   help="train even when `pcl plan` says the config does not fit its GPUs (logged)")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("make-tiny", help="build the tiny synthetic task, tokenizer and warm-started model")

@@ -331,3 +331,18 @@ def plan_run(cfg: Config, cluster: ClusterConfig | None = None) -> Plan:
 def _short(what: str, role: Role, cluster: ClusterConfig) -> str:
     return (f"{what} on {role.count} x {cluster.gpu_memory_gb:g} GB: needs {role.total / GB:.1f} GB per GPU, "
             f"{role.budget / GB:.1f} GB usable, short by {(role.total - role.budget) / GB:.1f} GB")
+
+
+def plan_refusal(cfg: Config) -> str | None:
+    """Why `pcl train` refuses `cfg` on GPUs: the plan's shortfalls as one message (None when it fits, when it is
+    a CPU run, or when the model's shape is unknown, as with a hub id the plan has no table for)."""
+    try:
+        plan = plan_run(cfg)
+    except PlanError:
+        return None
+    if not plan.shortfalls:
+        return None
+    return ("pcl plan says this config does not fit its cluster (cluster.*):\n"
+            + "\n".join(f"  {s}" for s in plan.shortfalls)
+            + "\nchange the setting named, or pass --ignore-plan to train anyway")
+
