@@ -11,7 +11,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 # Owned by other work in progress, held to the layer test (tests/test_layers.py) only for now.
-NOT_YET = {"gpu_check", "learner", "fleet"}
+NOT_YET = {"fleet"}
 SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if p.stem != "__init__" and p.stem not in NOT_YET)
 
 
