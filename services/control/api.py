@@ -5,9 +5,11 @@
 
 Reads are open; every mutation needs `Authorization: Bearer <token>` (401 without it, compared in constant
 time, before the body is read: services/control/guard.py, which also bounds bodies and requests in flight and
-adds the security headers). Bad values get 422, an id Redis refuses 400, a request that contradicts the run's
-state 409, and Redis being unreachable 503. Mutations are requests: the coordinator applies them at the next
-step boundary (services/control/run.py).
+adds the security headers). The schema (/openapi.json) is the contract: a request it refuses gets 422 (bodies
+are read strictly: no boolean, string or null as a number, no fraction as an integer, no field it does not name), a request
+valid by it gets 2xx, or 409 where the run's state refuses it (each route's 409 says when), and Redis being
+unreachable 503. Mutations are requests: the coordinator applies them at the next step boundary
+(services/control/run.py).
 
     GET  /v1/status        step, policy version, paused, tau, k, last step's metrics, queue depths, health
     GET  /v1/history       per-step records for plots (?after=STEP&limit=N, N <= HISTORY_PAGE)
@@ -37,7 +39,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from pcl.config import ControlConfig
@@ -49,19 +51,35 @@ from services.control.metrics import metrics_registry
 
 DASHBOARD = Path(__file__).parent / "static" / "dashboard.html"
 HISTORY_PAGE = 1000  # step records per /v1/history response (about 1.5 MB of JSON); page on with ?after=
+STREAM_ID = r"^[0-9]{1,19}-[0-9]{1,19}$"  # below 2**64 - 1 in each part, so Redis takes it (also exclusive, with "(")
 
 
 # -- models --------------------------------------------------------------------------------------------------
 
 
-class ParamsUpdate(BaseModel):
-    """New selection parameters, applied from the next step on."""
+def _params_schema(schema: dict[str, Any]) -> None:
+    """ParamsUpdate's schema states every rule of the body: a field is a number, never null (absent: the run's
+    value stands), and at least one is given."""
+    for field in schema["properties"].values():
+        field.pop("default", None)
+    schema["minProperties"] = 1
 
-    model_config = ConfigDict(extra="forbid")
-    tau: float | None = Field(
-        None, ge=0, le=1, allow_inf_nan=False, description="Target pass rate, in [0, 1]."
-    )
-    k: int | None = Field(None, ge=1, strict=True, description="Candidate pool factor, an integer >= 1.")
+
+class ParamsUpdate(BaseModel):
+    """New selection parameters, applied from the next step on: tau, k or both. Read strictly: a JSON boolean,
+    a string or null is no number; k is a number with no fractional part (8, or 8.0 as JSON Schema reads it)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_params_schema)
+    # None: absent (defaults are not validated, and null itself is refused)
+    tau: float = Field(None, ge=0, le=1, allow_inf_nan=False, description="Target pass rate, in [0, 1].")
+    k: int = Field(None, ge=1, description="Candidate pool factor, an integer >= 1; at most the run's k_max "
+                   "(GET /v1/status), else 409.")
+
+    @field_validator("k", mode="before")
+    @classmethod
+    def _whole_number(cls, value: Any) -> Any:
+        """8.0 is the integer 8 by the schema (JSON Schema's `integer`); 8.5, true and "8" stay refused."""
+        return int(value) if type(value) is float and value.is_integer() else value
 
     @model_validator(mode="after")
     def _something_to_change(self) -> "ParamsUpdate":
@@ -184,7 +202,8 @@ def step_fields() -> dict:
 @reads.get("/events", response_model=list[Event])
 def events(
     store: Store,
-    after: Annotated[str | None, Query(pattern=r"^\d+-\d+$")] = None,
+    after: Annotated[str | None, Query(pattern=STREAM_ID, description="A stream id, MS-SEQ (ASCII digits, at "
+                                       "most 19 each: every such id is one Redis takes).")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 200,
 ) -> list[dict]:
     """The event log, oldest first: the newest `limit` events, or those after the id `after`."""
@@ -202,29 +221,45 @@ control_routes = APIRouter(
     dependencies=[Depends(require_token)],
     responses={
         401: {"description": "no or wrong bearer token"},
-        409: {"description": "conflicts with the run's state"},
+        413: {"description": "a body over control.max_body_bytes (not read)"},
     },
 )
 
 
-@control_routes.post("/pause", response_model=Accepted, status_code=202)
+def state_conflict(when: str) -> dict:
+    """The 409 of a route: a request valid by the schema that the run's present state refuses."""
+    return {409: {"description": f"Conflicts with the run's state: {when}. The body says which.",
+                  "content": {"application/json": {"schema": {
+                      "type": "object", "required": ["detail"], "properties": {"detail": {"type": "string"}}}}}}}
+
+
+FINAL = "the run has finished or failed"
+
+
+@control_routes.post("/pause", response_model=Accepted, status_code=202,
+                     responses=state_conflict(f"already paused or pausing; {FINAL}"))
 def pause(store: Store) -> dict:
     """Pause at the next step boundary: the step in flight completes, nothing is lost."""
     return {"event": store.request_pause()}
 
 
-@control_routes.post("/resume", response_model=Accepted, status_code=202)
+@control_routes.post("/resume", response_model=Accepted, status_code=202,
+                     responses=state_conflict(f"not paused; {FINAL}"))
 def resume(store: Store) -> dict:
     return {"event": store.request_resume()}
 
 
-@control_routes.patch("/params", response_model=Accepted, status_code=202)
+@control_routes.patch("/params", response_model=Accepted, status_code=202, responses={
+    400: {"description": "the body is not UTF-8 text (a body that is text but not JSON is 422)"},
+    **state_conflict(f"k above the run's k_max (the training set over m; GET /v1/status); the run's selection "
+                     f"strategy has no tau or no k to set; {FINAL}")})
 def params(update: ParamsUpdate, store: Store) -> dict:
     """Set tau and/or k; the next step uses them (recorded as params_applied with that step)."""
     return {"event": store.request_params(tau=update.tau, k=update.k)}
 
 
-@control_routes.post("/checkpoint", response_model=CheckpointAccepted, status_code=202)
+@control_routes.post("/checkpoint", response_model=CheckpointAccepted, status_code=202,
+                     responses=state_conflict(f"a checkpoint request is still pending; {FINAL}"))
 def checkpoint(store: Store) -> dict:
     """Record a checkpoint request (one may be pending at a time); the coordinator's checkpoint writer takes
     it at the next step boundary and records checkpoint_written."""
@@ -278,9 +313,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     def conflict(_: Request, exc: ControlConflict) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
-    @app.exception_handler(ControlValueError)
+    @app.exception_handler(ControlValueError)  # a value the run cannot take now (k above k_max): its state's rule
     def bad_value(_: Request, exc: ControlValueError) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=422)
+        return JSONResponse({"detail": str(exc)}, status_code=409)
 
     @app.exception_handler(redis.RedisError)
     def redis_down(_: Request, exc: redis.RedisError) -> JSONResponse:

@@ -79,7 +79,6 @@ def test_pause_resume_params_and_checkpoint_with_status_codes(api, running, stor
         {},
         {"tau": 0.5, "m": 3},
         {"tau": "NaN"},
-        {"k": 17},
     ],
 )
 def test_bad_params_are_422(api, running, body):
