@@ -4,15 +4,21 @@ M learner ranks form one torch.distributed process group; each rank builds a `Po
 call below is collective (all ranks call it, in the same order):
 
     backend = init_process_group("auto", "tcp://10.0.0.1:29500", rank, world_size)
-    learner = PolicyLearner(model_dir, cfg.optimizer, micro_batch_size=8, device="auto", dtype="float32",
-                            rank=rank, world_size=world_size, seed=0)
-    stats = learner.train_step(my_share, num_sequences=m * n)   # {loss, grad_norm, num_tokens, seconds}
+    learner = PolicyLearner(model_dir, cfg.optimizer, micro_batch_size=8, device="auto", dtype="bfloat16",
+                            rank=rank, world_size=world_size, seed=0, max_tokens_per_micro_batch=16384,
+                            activation_checkpointing=True)      # cfg.optimizer or an AdamWSettings
+    stats = learner.train_step(my_share, num_sequences=m * n)   # {loss, grad_norm, num_tokens, seconds, ...}
     weights = learner.full_state_dict()                         # rank 0: full CPU tensors; others: {}
 
 Sharding: `fully_shard` (FSDP2) on every decoder layer, then on the root (embeddings, final norm, head).
 It runs on CPU with gloo through a CPU device mesh (`init_device_mesh("cpu", ...)`), and on GPU with NCCL.
 Master weights and AdamW state are float32; `dtype` is the compute dtype (FSDP2 mixed precision casts
 the gathered parameters to it, gradients are reduced in float32) and the dtype of exported weights.
+
+The model's forward is replaced (`pcl.models.policy_forward`): it returns the response tokens' log-probabilities
+from the final hidden states through the LM head in chunks, so no [B, T, V] logits tensor exists; with
+`activation_checkpointing` each decoder layer is recomputed in backward. Micro-batches are packed by a token
+budget (`pcl.models.micro_batches`).
 
 Gradients are summed over ranks, not averaged: each rank's loss is already divided by the global number
 of sequences (algorithm step 7), so the ranks' gradients add up to the gradient of the whole batch.
@@ -23,7 +29,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -33,6 +38,7 @@ import torch.distributed as dist
 from pcl.models.micro_batches import (MicroBatch, check_sequences, collate_micro_batch, dummy_micro_batch, length,
                                       pack_micro_batches, split_micro_batches)
 from pcl.models.policy_forward import checkpoint_layers, decoder_layers, install_logprob_forward
+from pcl.models.process_group import init_process_group, resolve_backend, resolve_device
 from pcl.models.sharding import agree, full_state, shard_by_layer, total_norm
 from pcl.rl import policy_gradient_loss
 
@@ -53,44 +59,6 @@ class AdamWSettings:
     beta2: float = 0.999
     eps: float = 1e-8
     grad_clip: float | None = 1.0
-
-
-def resolve_backend(backend: str) -> str:
-    """'auto' -> 'nccl' when CUDA is available, else 'gloo'; 'gloo' / 'nccl' pass through."""
-    if backend == "auto":
-        return "nccl" if torch.cuda.is_available() else "gloo"
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"backend: expected 'auto', 'gloo' or 'nccl', got {backend!r}")
-    return backend
-
-
-def init_process_group(backend: str, init_method: str, rank: int, world_size: int,
-                       timeout_s: float = 1800.0) -> str:
-    """Join the learners' process group (e.g. init_method='tcp://host:port', rank 0 listens there).
-
-    Returns the backend actually used. With NCCL the rank's CUDA device is selected first.
-    """
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank: expected 0 <= rank < world_size ({world_size}), got {rank}")
-    backend = resolve_backend(backend)
-    if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s))
-    return backend
-
-
-def _resolve_device(device: str, rank: int) -> torch.device:
-    """'auto' | 'cpu' | 'cuda' | 'cuda:N'; plain 'cuda' picks GPU rank % visible GPUs (0 under Ray)."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device != "cpu" and not (device.startswith("cuda") and torch.cuda.is_available()):
-        raise ValueError(f"device: expected 'auto', 'cpu' or 'cuda[:N]' with CUDA available, got {device!r}")
-    if device == "cpu":
-        return torch.device("cpu")
-    index = int(device.split(":")[1]) if ":" in device else rank % torch.cuda.device_count()
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
 
 
 class PolicyLearner:
@@ -132,7 +100,7 @@ class PolicyLearner:
         # False keeps each layer's gathered weights for the whole step: one all-gather per layer per step
         # instead of two per micro-batch, for the memory of an unsharded model (small models, CPU runs).
         self.reshard_after_forward = reshard_after_forward
-        self.device = _resolve_device(device, rank)
+        self.device = resolve_device(device, rank)
         torch.manual_seed(seed)
 
         extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
