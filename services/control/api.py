@@ -5,18 +5,18 @@
 
 Reads are open; every mutation needs `Authorization: Bearer <token>` (401 without it, compared in constant
 time, before the body is read: services/control/guard.py, which also bounds bodies and requests in flight and
-adds the security headers). The schema (/openapi.json) is the contract: a request it refuses gets 422 (bodies
-are read strictly: no boolean, string or null as a number, no fraction as an integer, no field it does not name), a request
-valid by it gets 2xx, or 409 where the run's state refuses it (each route's 409 says when), and Redis being
-unreachable 503. Mutations are requests: the coordinator applies them at the next step boundary
-(services/control/run.py).
+adds the security headers). The schema (/openapi.json) is the contract: a request it refuses gets 422
+(bodies are read strictly: no boolean, string or null as a number, no fraction as an integer, no field it
+does not name), a request valid by it 2xx, or 409 where the run's state refuses it (each route's 409 says
+when), and Redis being unreachable 503. Mutations are requests: the coordinator applies them at the next
+step boundary (services/control/run.py).
 
     GET  /v1/status        step, policy version, paused, tau, k, last step's metrics, queue depths, health
     GET  /v1/history       per-step records for plots (?after=STEP&limit=N, N <= HISTORY_PAGE)
     GET  /v1/fields        the figures a step record declares (name, help, kind, label, title)
     GET  /v1/events        the event log (?after=ID&limit=N)
     POST /v1/pause         pause at the next step boundary          POST /v1/resume
-    PATCH /v1/params       {"tau": 0.4, "k": 8}, from the next step
+    PATCH /v1/params       {"tau": 0.4, "k": 8}, either or both, from the next step
     POST /v1/checkpoint    202: the request is recorded for the checkpoint writer
     GET  /metrics          Prometheus text (services/control/metrics.py)
     GET  /livez  /readyz   process up; Redis reachable
@@ -51,7 +51,7 @@ from services.control.metrics import metrics_registry
 
 DASHBOARD = Path(__file__).parent / "static" / "dashboard.html"
 HISTORY_PAGE = 1000  # step records per /v1/history response (about 1.5 MB of JSON); page on with ?after=
-STREAM_ID = r"^[0-9]{1,19}-[0-9]{1,19}$"  # below 2**64 - 1 in each part, so Redis takes it (also exclusive, with "(")
+STREAM_ID = r"^[0-9]{1,19}-[0-9]{1,19}$"  # each part below 2**64 - 1: Redis takes it, also as "(" + id
 
 
 # -- models --------------------------------------------------------------------------------------------------
@@ -67,7 +67,7 @@ def _params_schema(schema: dict[str, Any]) -> None:
 
 class ParamsUpdate(BaseModel):
     """New selection parameters, applied from the next step on: tau, k or both. Read strictly: a JSON boolean,
-    a string or null is no number; k is a number with no fractional part (8, or 8.0 as JSON Schema reads it)."""
+    a string or null is no number; k is a number with no fractional part (8, or 8.0 as JSON Schema has it)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_params_schema)
     # None: absent (defaults are not validated, and null itself is refused)
@@ -228,9 +228,9 @@ control_routes = APIRouter(
 
 def state_conflict(when: str) -> dict:
     """The 409 of a route: a request valid by the schema that the run's present state refuses."""
+    detail = {"type": "object", "required": ["detail"], "properties": {"detail": {"type": "string"}}}
     return {409: {"description": f"Conflicts with the run's state: {when}. The body says which.",
-                  "content": {"application/json": {"schema": {
-                      "type": "object", "required": ["detail"], "properties": {"detail": {"type": "string"}}}}}}}
+                  "content": {"application/json": {"schema": detail}}}}
 
 
 FINAL = "the run has finished or failed"
@@ -251,8 +251,8 @@ def resume(store: Store) -> dict:
 
 @control_routes.patch("/params", response_model=Accepted, status_code=202, responses={
     400: {"description": "the body is not UTF-8 text (a body that is text but not JSON is 422)"},
-    **state_conflict(f"k above the run's k_max (the training set over m; GET /v1/status); the run's selection "
-                     f"strategy has no tau or no k to set; {FINAL}")})
+    **state_conflict(f"k above the run's k_max (the training set over m; GET /v1/status); the run's "
+                     f"selection strategy has no tau or no k to set; {FINAL}")})
 def params(update: ParamsUpdate, store: Store) -> dict:
     """Set tau and/or k; the next step uses them (recorded as params_applied with that step)."""
     return {"event": store.request_params(tau=update.tau, k=update.k)}
@@ -313,7 +313,7 @@ def _add_error_handlers(app: FastAPI) -> None:
     def conflict(_: Request, exc: ControlConflict) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
 
-    @app.exception_handler(ControlValueError)  # a value the run cannot take now (k above k_max): its state's rule
+    @app.exception_handler(ControlValueError)  # a value the run cannot take now (k above k_max): a state rule
     def bad_value(_: Request, exc: ControlValueError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
 

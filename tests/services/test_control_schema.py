@@ -55,7 +55,8 @@ def params_op(spec: dict) -> dict:
 
 
 def body_validator(op: dict, spec: dict) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(resolve(op["requestBody"]["content"]["application/json"]["schema"], spec))
+    schema = op["requestBody"]["content"]["application/json"]["schema"]
+    return jsonschema.Draft202012Validator(resolve(schema, spec))
 
 
 def parsed(content: bytes) -> tuple[bool, Any]:
@@ -86,7 +87,8 @@ def send(session: requests.Session, url: str, case: Any) -> tuple[int, bytes | N
     case.headers = {**(case.headers or {}), **AUTH}
     r = case.call(base_url=url, session=session)
     body = r.request.body
-    note(f"{r.request.method} {r.request.url} {dict(r.request.headers)} {body!r} -> {r.status_code} {r.content!r}")
+    note(f"{r.request.method} {r.request.url} {dict(r.request.headers)} {body!r}")
+    note(f"{r.status_code} {r.content!r}")
     return r.status_code, body.encode() if isinstance(body, str) else body
 
 
@@ -95,7 +97,7 @@ def cases(operation: Any) -> st.SearchStrategy:
             | operation.as_strategy(generation_mode=GenerationMode.NEGATIVE))
 
 
-# -- bodies read strictly, and the schema says which are accepted ----------------------------------------------
+# -- bodies read strictly, and the schema says which are accepted -------------------------------------------
 
 
 @pytest.mark.parametrize("body, field", [({"k": 1, "tau": False}, "tau"), ({"tau": 0.5, "k": True}, "k"),
@@ -126,7 +128,7 @@ def test_a_rule_of_the_run_state_is_a_documented_409(api, running, spec):
     assert api.get("/v1/status").json()["pending_params"] == {}
 
 
-# -- property-based: requests generated from the schema -------------------------------------------------------
+# -- property-based: requests generated from the schema ----------------------------------------------------
 
 
 def test_params_bodies_generated_from_the_schema(server, running, spec, session):
