@@ -270,3 +270,65 @@ def test_requests_are_seeded_only_when_asked(engine, prompts, monkeypatch):
     seeds = [seed for seed, _ in seen[1]]
     assert None not in seeds and len(set(seeds)) == len(prompts) and {lp for _, lp in seen[1]} == {0}
     assert engine.alive()
+
+
+ENGINE_IN_ITS_OWN_PROCESS = """
+import os, sys, time
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # as on GPU: the engine core in a process of its own
+
+def main():
+    import psutil
+    from actors.engine_processes import end_process
+    from pcl.engines import SamplingParams
+    from pcl.engines.base import engine_dead
+    from pcl.engines.vllm import VLLMEngine
+
+    engine = VLLMEngine(sys.argv[1], dtype="float32", seed=0, max_model_len=128)
+    params = SamplingParams(n=2, max_new_tokens=4)
+    children = psutil.Process().children(recursive=True)
+    print("children", " ".join(str(c.pid) for c in children), flush=True)
+    print("generated", len(engine.generate([[1, 2, 3]], params)[0]), engine.alive(), flush=True)
+    [core] = [c for c in children if "EngineCore" in c.name()]
+    core.kill()  # the engine dies (out of memory, an NCCL abort)
+    time.sleep(3)
+    failure = None
+    try:
+        engine.generate([[1, 2, 3]], params)
+    except Exception as exc:
+        failure = exc
+        print("dead", engine.alive(), engine_dead(exc), flush=True)
+    end_process(failure)  # what the rollout worker does then
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_an_engine_in_its_own_process_that_dies_is_engine_dead_and_ends_with_its_worker(checkpoint, tmp_path):
+    """vLLM's engine core in a process of its own (the GPU default), on CPU: once it dies the engine says so
+    (`alive()` False, EngineDead from generate), and the worker's end takes every engine process with it."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import psutil
+
+    from actors.engine_processes import EXIT_CODE
+
+    script = tmp_path / "engine_dies.py"
+    script.write_text(ENGINE_IN_ITS_OWN_PROCESS)
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, str(script), str(checkpoint[0])], capture_output=True, text=True,
+                          timeout=600, cwd=root, env={**__import__("os").environ, "PYTHONPATH": str(root)})
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert lines.get("generated") == "2 True", done.stdout + done.stderr[-3000:]
+    assert lines.get("dead") == "False True", done.stdout + done.stderr[-3000:]
+    assert done.returncode == EXIT_CODE
+    children = [int(pid) for pid in lines["children"].split()]
+    assert children
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(psutil.pid_exists(pid) and psutil.Process(pid).status() !=
+                                              psutil.STATUS_ZOMBIE for pid in children):
+        time.sleep(0.2)
+    assert not [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() !=
+                psutil.STATUS_ZOMBIE]
