@@ -153,6 +153,7 @@ Store = Annotated[ControlStore, Depends(get_store)]
 
 # -- routes --------------------------------------------------------------------------------------------------
 
+UNAVAILABLE = {503: {"description": "Redis unreachable, or too many requests in flight (Retry-After)"}}
 health = APIRouter(tags=["health"])
 
 
@@ -161,7 +162,7 @@ def livez() -> dict:
     return {"live": True}
 
 
-@health.get("/readyz")
+@health.get("/readyz", responses={503: {"description": "Redis unreachable"}})
 def readyz(store: Store) -> JSONResponse:
     try:
         store.client.ping()
@@ -172,7 +173,7 @@ def readyz(store: Store) -> JSONResponse:
     return JSONResponse({"ready": True})
 
 
-reads = APIRouter(prefix="/v1", tags=["run"])
+reads = APIRouter(prefix="/v1", tags=["run"], responses=UNAVAILABLE)
 
 
 @reads.get("/status", response_model=RunStatus)
@@ -222,6 +223,7 @@ control_routes = APIRouter(
     responses={
         401: {"description": "no or wrong bearer token"},
         413: {"description": "a body over control.max_body_bytes (not read)"},
+        **UNAVAILABLE,
     },
 )
 
@@ -270,7 +272,7 @@ def checkpoint(store: Store) -> dict:
 pages = APIRouter()
 
 
-@pages.get("/metrics", tags=["metrics"], response_class=Response)
+@pages.get("/metrics", tags=["metrics"], response_class=Response, responses=UNAVAILABLE)
 def metrics(request: Request) -> Response:
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
 

@@ -9,6 +9,7 @@ import json
 from collections import Counter
 from typing import Any
 
+import httpx
 import jsonschema
 import pytest
 import requests
@@ -18,7 +19,10 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.core import NOT_SET
 
-from tests.services.control_fixtures import AUTH, api, running, server, store  # noqa: F401 - fixtures
+from services.control.api import ControlServer, create_app
+from services.control.state import ControlStore
+from services.redis_server import make_client
+from tests.services.control_fixtures import AUTH, TOKEN, api, running, server, store  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.redis
 
@@ -126,6 +130,19 @@ def test_a_rule_of_the_run_state_is_a_documented_409(api, running, spec):
     assert r.status_code == 409 and "k_max=16" in r.json()["detail"], r.text
     assert "k_max" in params_op(spec)["responses"]["409"]["description"]
     assert api.get("/v1/status").json()["pending_params"] == {}
+
+
+def test_every_status_redis_being_down_gives_is_documented(spec):
+    dead = ControlStore(make_client("redis://127.0.0.1:1/0", decode_responses=True), "nowhere")
+    server = ControlServer(create_app(dead, TOKEN), "127.0.0.1", 0).start()
+    try:
+        for path, item in spec["paths"].items():
+            for method, op in item.items():
+                body = {"tau": 0.5} if "requestBody" in op else None
+                status = httpx.request(method, server.url + path, json=body, headers=AUTH).status_code
+                assert status in (200, 503) and str(status) in op["responses"], (method, path, status)
+    finally:
+        server.stop()
 
 
 # -- property-based: requests generated from the schema ----------------------------------------------------
