@@ -210,7 +210,7 @@ def events(
     """The event log, oldest first: the newest `limit` events, or those after the id `after`."""
     try:
         return store.events(after, limit)
-    except redis.ResponseError as exc:  # an id Redis refuses (a part beyond 2**64 - 1); not its OOM & co
+    except redis.ResponseError as exc:  # an id Redis refuses (STREAM_ID keeps them out); not its OOM & co
         if type(exc) is not redis.ResponseError:
             raise
         raise HTTPException(400, f"after: {after!r} is not a stream id Redis accepts ({exc})") from None
