@@ -235,7 +235,8 @@ def test_nccl_step_matches_reference(tiny_model_dir, tmp_path, reference):
     if torch.cuda.device_count() < 1:
         pytest.skip("needs at least 1 CUDA device for the NCCL learner")
     world_size = min(2, torch.cuda.device_count())
-    out = worker.run_ranks(world_size, tiny_model_dir, tmp_path, ["mbs1"], backend="nccl", device="cuda")
+    out = worker.run_ranks(world_size, tiny_model_dir, tmp_path, ["mbs1", "both"], backend="nccl", device="cuda")
     ref_weights, ref_norm = reference["plain"]
-    assert _max_diff(_weights(out, "mbs1"), ref_weights) < 1e-4
-    assert _stats(out, "mbs1", 0)["grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
+    for name in ("mbs1", "both"):  # "both": a token budget and activation checkpointing under NCCL
+        assert _max_diff(_weights(out, name), ref_weights) < 1e-4, name
+        assert _stats(out, name, 0)["grad_norm"] == pytest.approx(ref_norm, rel=1e-4)
