@@ -70,7 +70,7 @@ def flops_per_token(shape: dict, sequence_length: int, recomputed: bool) -> floa
     """Training FLOPs per token: 6 x non-embedding parameters + 12 x layers x width x sequence length (model
     FLOPs); with `recomputed` the forward counted twice (8 N + 16 L w T: the hardware's FLOPs under activation
     checkpointing)."""
-    from pcl.tools.plan import ModelShape
+    from pcl.tools.shapes import ModelShape
 
     model = ModelShape(shape["vocab_size"], shape["hidden_size"], shape["num_hidden_layers"],
                        shape["intermediate_size"], shape["num_attention_heads"], shape["num_key_value_heads"],
