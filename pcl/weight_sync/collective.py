@@ -128,10 +128,10 @@ class WeightGroup:
     def broadcast(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
                   bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
         """Rank 0: send the tensors (in the order of their `tensor_specs`); returns the bytes sent. The next
-        bucket is packed while the current one is on the wire (two in flight at most). A tensor that is a view of
-        one sent before it (a tied lm_head.weight, which vLLM ties to the embedding itself) is not sent again: on
-        Qwen3-1.7B/4B and Llama-3.2-3B that is 9-15% of a sync."""
-        items = _without_tied(list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors))
+        bucket is packed while the current one is on the wire (two in flight at most). A tied lm_head.weight is
+        sent too: vLLM's layer-wise reload keeps the weights of a layer an update leaves out, and its CPU build
+        keeps a repacked copy of the head (measured: without it the head kept the old weights)."""
+        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         specs = tensor_specs(items)
         header = torch.frombuffer(bytearray(json.dumps([specs, bucket_bytes]).encode()), dtype=torch.uint8)
         self._broadcast(torch.tensor([header.numel()], dtype=torch.int64, device=self.device))
@@ -247,19 +247,6 @@ def _barrier_options(device: torch.device, timeout: timedelta):
     if device.type == "cuda":
         options.device_ids = [device.index if device.index is not None else torch.cuda.current_device()]
     return options
-
-
-def _without_tied(items: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-    """The (name, tensor) pairs without those whose tensor is the very same memory as an earlier one's."""
-    seen: set[tuple[int, str, tuple[int, ...], tuple[int, ...]]] = set()
-    kept = []
-    for name, tensor in items:
-        key = (tensor.data_ptr(), str(tensor.dtype), tuple(tensor.shape), tuple(tensor.stride()))
-        if tensor.numel() and key in seen:
-            continue
-        seen.add(key)
-        kept.append((name, tensor))
-    return kept
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:

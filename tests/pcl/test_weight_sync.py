@@ -176,20 +176,3 @@ def test_the_barrier_names_the_device():
     assert list(_barrier_options(torch.device("cuda:3"), timedelta(seconds=5)).device_ids) == [3]
     assert _barrier_options(torch.device("cpu"), timedelta(seconds=5)).timeout == timedelta(seconds=5)
 
-
-def test_a_tied_weight_is_sent_once():
-    """lm_head.weight sharing the embedding's memory (tie_word_embeddings) is not sent: vLLM ties it itself."""
-    embedding = torch.randn(8, 4)
-    state = {"model.embed_tokens.weight": embedding, "model.norm.weight": torch.ones(4), "lm_head.weight": embedding}
-    port, received = free_port(), {}
-
-    def receiver() -> None:
-        group = WeightGroup.open("127.0.0.1", port, 1, 2, "gloo", timeout_s=30)
-        received.update((name, t.clone()) for bucket in group.receive() for name, t in bucket)
-
-    thread = threading.Thread(target=receiver)
-    thread.start()
-    sent = WeightGroup.open("127.0.0.1", port, 0, 2, "gloo", timeout_s=30).broadcast(state)
-    thread.join(30)
-    assert list(received) == ["model.embed_tokens.weight", "model.norm.weight"]
-    assert sent == (8 * 4 + 4) * 4 and torch.equal(received["model.embed_tokens.weight"], embedding)
