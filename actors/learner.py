@@ -58,7 +58,8 @@ class LearnerRank:
                                      world_size=self.world_size, seed=seed,
                                      reshard_after_forward=cfg.reshard_after_forward,
                                      max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
-                                     activation_checkpointing=cfg.activation_checkpointing)
+                                     activation_checkpointing=cfg.activation_checkpointing,
+                                     compile_layers=cfg.compile)
         return True
 
     def train_step(self, shard: list[dict], global_count: int) -> dict[str, float]:

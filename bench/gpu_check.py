@@ -89,25 +89,42 @@ def preset_learner_settings(path: Path = PRESET) -> dict:
     return {"max_tokens_per_micro_batch": learner.get("max_tokens_per_micro_batch"),
             "activation_checkpointing": bool(learner.get("activation_checkpointing", False)),
             "micro_batch_size": int(learner.get("micro_batch_size", 8)),
+            "compile": bool(learner.get("compile", False)),
             "dtype": raw.get("model", {}).get("dtype", "bfloat16"), "preset": path.name}
 
 
-def check_scale(tmp: Path, device: str, small: bool, sizes: tuple, peak: float | None) -> dict:
-    """The Qwen3-1.7B-shaped policy at the preset's learner settings (see the module docstring)."""
+# Learner settings tried against the preset's by --scale-variants: name -> overrides of preset_learner_settings.
+SCALE_VARIANTS = {
+    "preset": {},
+    "no-ckpt": {"activation_checkpointing": False},
+    "compile": {"compile": True},
+    "compile-no-ckpt": {"compile": True, "activation_checkpointing": False},
+    "budget-32k": {"max_tokens_per_micro_batch": 32768},
+    "compile-budget-32k": {"compile": True, "max_tokens_per_micro_batch": 32768},
+}
+
+
+def check_scale(tmp: Path, device: str, small: bool, sizes: tuple, peak: float | None,
+                overrides: dict | None = None) -> dict:
+    """The Qwen3-1.7B-shaped policy at the preset's learner settings, or those with `overrides` (see the module
+    docstring); the checkpoint is built once in `tmp` and reused."""
     from pcl.models.learner import AdamWSettings, PolicyLearner
 
     count, prompt_len, response_len = sizes
-    settings = preset_learner_settings()
+    settings = {**preset_learner_settings(), **(overrides or {})}
     shape = SHAPES["small" if small else "1.7b"]
     budget = settings["max_tokens_per_micro_batch"]
     if small and budget:  # the same number of micro-batches as the preset's budget at 4,096 tokens gives
         budget = budget * (prompt_len + response_len) // 4096
     dtype = settings["dtype"] if device.startswith("cuda") else "float32"
-    path = build_qwen3(tmp / "scale", shape, getattr(torch, dtype), device)
+    path = tmp / "scale"
+    if not (path / "config.json").exists():
+        path = build_qwen3(path, shape, getattr(torch, dtype), device)
     join_group(device)
     learner = PolicyLearner(str(path), AdamWSettings(lr=1e-6), micro_batch_size=settings["micro_batch_size"],
                             device=device, dtype=dtype, max_tokens_per_micro_batch=budget,
-                            activation_checkpointing=settings["activation_checkpointing"], attn_implementation="sdpa")
+                            activation_checkpointing=settings["activation_checkpointing"], attn_implementation="sdpa",
+                            compile_layers=settings["compile"])
     attention = learner.model.config._attn_implementation
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
@@ -119,6 +136,7 @@ def check_scale(tmp: Path, device: str, small: bool, sizes: tuple, peak: float |
     figures = {"shape": "small" if small else "qwen3-1.7b", "preset": settings["preset"], "dtype": dtype,
                "sequences": count, "sequence_tokens": length, "tokens": result["tokens"],
                "max_tokens_per_micro_batch": budget, "activation_checkpointing": settings["activation_checkpointing"],
+               "compile": settings["compile"],
                "micro_batches": result["stats"]["micro_batches"], "attention": attention,
                "seconds": result["seconds"], "tokens_per_second": result["tokens_per_second"],
                "peak_memory_gb": peak_memory_gb(device), "model_tflops_per_s": model_flops / 1e12,
@@ -234,6 +252,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", default=None, help="write every figure to this JSON file (as --json)")
     parser.add_argument("--peak-tflops", type=float, default=None,
                         help="the device's dense bf16 peak for the MFU (default: PEAK_TFLOPS by device name)")
+    parser.add_argument("--scale-variants", default="", help="comma-separated learner settings to run the scale "
+                        f"check with besides the preset's ({', '.join(SCALE_VARIANTS)})")
     parser.add_argument("--skip", default="", help="comma-separated checks to leave out: scale, engine, learner, "
                         "value (weight sync needs engine and learner)")
     add_json_option(parser)
@@ -250,6 +270,13 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="pcl-gpu-check-") as tmp:
         if "scale" not in skip:  # first, on an empty GPU: its peak memory is the step's alone
             report["scale"] = check_scale(Path(tmp), args.device, args.small, sizes["scale"], report["peak_tflops"])
+        for name in filter(None, args.scale_variants.split(",")):
+            if name not in SCALE_VARIANTS:
+                parser.error(f"--scale-variants: unknown {name!r} (known: {', '.join(SCALE_VARIANTS)})")
+            report.setdefault("scale_variants", {})[name] = check_scale(
+                Path(tmp), args.device, args.small, sizes["scale"], report["peak_tflops"], SCALE_VARIANTS[name])
+            print(f"  variant {name}: {_scale_line(report['scale_variants'][name], report['peak_tflops'])}",
+                  flush=True)
         path = build_qwen3(Path(tmp) / "policy", SHAPES["small" if args.small else "0.6b"], getattr(torch, dtype))
         report["parameters"] = _parameters(path)
         engine = learner = None
@@ -288,16 +315,20 @@ def _ratio(value: float | None, peak: float | None) -> str:
     return "n/a (no peak known: --peak-tflops)" if value is None else f"{value:.1%} of {peak:g} TFLOP/s"
 
 
+def _scale_line(c: dict, peak: float | None) -> str:
+    return (f"{c['shape']} policy, {c['sequences']} x {c['sequence_tokens']} tokens, {c['preset']} settings (budget "
+            f"{c['max_tokens_per_micro_batch']}, checkpointing {'on' if c['activation_checkpointing'] else 'off'}, "
+            f"compile {'on' if c['compile'] else 'off'}, {c['dtype']}, attention {c['attention']}): "
+            f"{c['micro_batches']:.0f} micro-batches, {c['seconds']:.2f} s, {c['tokens_per_second']:,.0f} tokens/s, "
+            f"peak {c['peak_memory_gb']:.1f} GB, MFU {_ratio(c['mfu'], peak)}, HFU {_ratio(c['hfu'], peak)}")
+
+
 def print_report(r: dict) -> None:
     print(f"device {r['device']}, torch {r['torch']}, {r['dtype']}, {r['seconds']:.0f} s in all")
     if "scale" in r:
-        c = r["scale"]
-        print(f"  scale        {c['shape']} policy, {c['sequences']} x {c['sequence_tokens']} tokens, {c['preset']} "
-              f"settings (budget {c['max_tokens_per_micro_batch']}, checkpointing "
-              f"{'on' if c['activation_checkpointing'] else 'off'}, {c['dtype']}, attention {c['attention']}): "
-              f"{c['micro_batches']:.0f} micro-batches, {c['seconds']:.2f} s, {c['tokens_per_second']:,.0f} tokens/s, "
-              f"peak {c['peak_memory_gb']:.1f} GB, MFU {_ratio(c['mfu'], r['peak_tflops'])}, "
-              f"HFU {_ratio(c['hfu'], r['peak_tflops'])}")
+        print(f"  scale        {_scale_line(r['scale'], r['peak_tflops'])}")
+    for name, figures in r.get("scale_variants", {}).items():
+        print(f"    {name:<20} {_scale_line(figures, r['peak_tflops'])}")
     if "engine" in r:
         e = r["engine"]
         print(f"  engine       {e['prompts']} prompts x n={e['n']}, {e['prompt_tokens']}-token prompts, "

@@ -262,6 +262,8 @@ class LearnerConfig(Section):
                                                    "micro_batch_size sequences whatever their length.")
     activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in the "
                                            "backward pass (one layer input kept per layer; ~1/3 more compute).")
+    compile: bool = Field(False, description="torch.compile each decoder layer's computation (fuses the norms, rotary "
+                          "embedding and gated activation; the first steps pay the compilation). For GPU runs.")
 
 
 class RedisConfig(Section):

@@ -38,6 +38,7 @@ import torch.distributed as dist
 from pcl.models.micro_batches import (MicroBatch, check_sequences, collate_micro_batch, dummy_micro_batch, length,
                                       pack_micro_batches, split_micro_batches)
 from pcl.models.policy_forward import checkpoint_layers, decoder_layers, install_logprob_forward
+from pcl.models.policy_forward import compile_layers as compile_decoder_layers
 from pcl.models.process_group import init_process_group, resolve_backend, resolve_device
 from pcl.models.sharding import agree, full_state, shard_by_layer, total_norm
 from pcl.rl import policy_gradient_loss
@@ -71,13 +72,16 @@ class PolicyLearner:
         layer's input per layer instead of all its activations, for about a third more compute).
     logits_chunk_tokens: positions whose logits exist at once (the LM head runs chunk by chunk).
     attn_implementation: the attention kernel ('sdpa', 'flash_attention_2', 'eager'); None: transformers' default.
+    compile_layers: torch.compile each decoder layer's computation (fused elementwise kernels; the first passes
+        of each new shape pay the compilation).
     """
 
     def __init__(self, model_path: str, optimizer_cfg: AdamWSettings, micro_batch_size: int,
                  device: str = "auto", dtype: str | torch.dtype = "float32", rank: int = 0,
                  world_size: int = 1, seed: int = 0, reshard_after_forward: bool = True,
                  max_tokens_per_micro_batch: int | None = None, activation_checkpointing: bool = False,
-                 logits_chunk_tokens: int = 1024, attn_implementation: str | None = None):
+                 logits_chunk_tokens: int = 1024, attn_implementation: str | None = None,
+                 compile_layers: bool = False):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
         from transformers import AutoModelForCausalLM
@@ -107,6 +111,8 @@ class PolicyLearner:
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, **extra)
         self.vocab_size = self.model.get_input_embeddings().num_embeddings
         install_logprob_forward(self.model, logits_chunk_tokens)
+        if compile_layers:
+            compile_decoder_layers(decoder_layers(self.model))
         if activation_checkpointing:
             checkpoint_layers(decoder_layers(self.model))
         mesh = init_device_mesh(self.device.type, (world_size,))

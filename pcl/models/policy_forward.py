@@ -2,6 +2,7 @@
 the policy's token log-probabilities from its final hidden states, never a [B, T, V] logits tensor.
 
     layers = decoder_layers(model)                       # the classes named by model._no_split_modules
+    compile_layers(layers)                               # each layer's own computation compiled (torch.compile)
     checkpoint_layers(layers)                            # each layer recomputed in the backward pass
     install_logprob_forward(model, chunk_tokens=1024)    # model(input_ids, attention_mask, response_mask) -> [N]
 
@@ -31,8 +32,28 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
+def _compiled_forward(self, *args, **kwargs):
+    return self._pcl_compiled_forward(self, *args, **kwargs)
+
+
+def compile_layers(layers: list[torch.nn.Module]) -> None:
+    """Compile each layer's own forward with torch.compile (dynamic shapes: micro-batches packed by a token budget
+    change shape from pass to pass). The module's hooks stay outside the compiled code (FSDP2 gathers and
+    reduce-scatters around it as in eager mode) and parameter names do not change (no `_orig_mod` wrapper);
+    the norms, rotary embedding and gated activation, which run as separate memory-bound kernels in eager mode,
+    are fused. Layers of one class share their compiled code. Apply before `checkpoint_layers`, which then
+    recomputes the compiled forward."""
+    compiled: dict[type, object] = {}
+    for layer in layers:
+        cls = type(layer)
+        if cls not in compiled:
+            compiled[cls] = torch.compile(cls.forward, dynamic=True)
+        layer._pcl_compiled_forward = compiled[cls]
+        layer.forward = types.MethodType(_compiled_forward, layer)
+
+
 def _checkpointed_forward(self, *args, **kwargs):
-    forward = type(self).forward
+    forward = getattr(self, "_pcl_compiled_forward", None) or type(self).forward
     if not torch.is_grad_enabled():  # scoring, inference: nothing to recompute
         return forward(self, *args, **kwargs)
     from torch.utils.checkpoint import checkpoint

@@ -39,6 +39,10 @@ SCENARIOS = {
              "kwargs": {"activation_checkpointing": True}},
     "both": {"micro_batch_size": 8, "grad_clip": None, "shares": {1: [7], 2: [4, 3]},
              "kwargs": {"activation_checkpointing": True, "max_tokens_per_micro_batch": 16}},
+    # The same with each layer's computation compiled (torch.compile, Inductor's C++ backend on CPU).
+    "compiled": {"micro_batch_size": 8, "grad_clip": None, "shares": {1: [7], 2: [4, 3]},
+                 "kwargs": {"activation_checkpointing": True, "max_tokens_per_micro_batch": 16,
+                            "compile_layers": True}},
 }
 
 
@@ -98,6 +102,10 @@ def _run_step_scenario(name: str, model_dir: str, out: Path, rank: int, world_si
                        **spec.get("kwargs", {}))
     share = split(make_sequences(STEP_SEQUENCES, seed=1), spec["shares"][world_size], rank)
     stats = learner.train_step(share, STEP_COUNT)
+    if spec.get("kwargs", {}).get("compile_layers"):
+        from torch._dynamo.utils import counters
+
+        stats["compiled_frames"] = sum(counters["frames"].values())  # dynamo traced the layers' forward
     _save(out, name, rank, stats, learner.full_state_dict())
     if name == "mbs1":
         learner.save_pretrained(str(out / "hf"))

@@ -62,7 +62,7 @@ def two_ranks(tiny_model_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def one_rank(tiny_model_dir, tmp_path_factory):
     return worker.run_ranks(1, tiny_model_dir, tmp_path_factory.mktemp("learner_1"),
-                            ["mbs1", "mbs4", "resume", "planted"])
+                            ["mbs1", "mbs4", "resume", "planted", "compiled"])
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +137,17 @@ def test_update_matches_single_process_reference(two_ranks, reference):
             assert stats["grad_norm"] == pytest.approx(ref_norm, rel=1e-5)
             assert stats["loss"] == pytest.approx(expected_loss, abs=1e-6)
             assert stats["step_skipped"] == 0.0
+
+
+def test_compiled_layers_give_the_eager_update(one_rank, reference):
+    """learner.compile: each layer's forward compiled (with a token budget and checkpointing) updates the weights
+    as the single-process eager reference does, with the parameter names unchanged."""
+    ref_weights, ref_norm = reference["plain"]
+    weights = _weights(one_rank, "compiled")
+    assert weights.keys() == ref_weights.keys()
+    assert _max_diff(weights, ref_weights) < ATOL
+    assert _stats(one_rank, "compiled", 0)["grad_norm"] == pytest.approx(ref_norm, rel=1e-5)
+    assert _stats(one_rank, "compiled", 0)["compiled_frames"] > 0
 
 
 def test_rank_count_and_micro_batch_size_do_not_change_the_update(two_ranks, one_rank):
