@@ -36,6 +36,8 @@ def test_preset_has_the_papers_settings(path):
     assert cfg.data.max_prompt_tokens + cfg.rollout.max_new_tokens == 4096
     assert cfg.data.template == ("chat" if "instruct" in model else "qwen_base")
     assert cfg.rollout.engine == "vllm" and cfg.learner.backend == "nccl" and cfg.learner.num_gpus_per_rank == 1
+    # The learner at 4,096-token sequences: a token budget, each layer recomputed and compiled (bench/gpu_check.py).
+    assert cfg.learner.max_tokens_per_micro_batch and cfg.learner.activation_checkpointing and cfg.learner.compile
     ev = cfg.evaluation
     assert (ev.temperature, ev.top_p) == (0.6, 0.95)
     if dataset == "math":  # the paper's MATH protocol: MATH500 every 8 steps, the best checkpoint by it, top-k 20
