@@ -96,6 +96,7 @@ def preset_learner_settings(path: Path = PRESET) -> dict:
 # Learner settings tried against the preset's by --scale-variants: name -> overrides of preset_learner_settings.
 SCALE_VARIANTS = {
     "preset": {},
+    "eager": {"compile": False},
     "no-ckpt": {"activation_checkpointing": False},
     "compile": {"compile": True},
     "compile-no-ckpt": {"compile": True, "activation_checkpointing": False},
