@@ -144,3 +144,25 @@ def test_there_is_no_import_cycle():
 ])
 def test_the_cycle_finder_finds_cycles(edges, cyclic):
     assert (find_cycle(edges) is not None) == cyclic
+
+
+# The sizes the layout keeps: a core whose top level a newcomer can read, functions that fit on a screen.
+MAX_CORE_MODULES = 12  # top-level modules of pcl/ (subpackages group the rest by concept)
+MAX_FUNCTION_LINES = 80  # outside bench/ (benchmarks print long reports)
+
+
+def test_the_core_top_level_stays_small():
+    modules = sorted(p.stem for p in (ROOT / "pcl").glob("*.py") if p.name != "__init__.py")
+    assert len(modules) <= MAX_CORE_MODULES, f"pcl/ has {len(modules)} top-level modules: {modules}"
+
+
+def test_no_function_is_longer_than_the_limit():
+    long = []
+    for layer in LAYERS:
+        for path in (ROOT / layer).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    lines = node.end_lineno - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(long)
