@@ -1,7 +1,7 @@
 """The control plane: a FastAPI app over one run's control state in Redis (docs/architecture.md).
 
     app = create_app(ControlStore(client, "tiny"), token="...")
-    server = ControlServer(app, "127.0.0.1", 8600).start()      # uvicorn in a background thread; server.url
+    server = ControlServer(app, "127.0.0.1", 8600).start()      # services/control/server.py: uvicorn in a thread
 
 Reads are open; every mutation needs `Authorization: Bearer <token>` (401 without it, compared in constant
 time, before the body is read: services/control/guard.py, which also bounds bodies and requests in flight and
@@ -27,13 +27,10 @@ step boundary (services/control/run.py).
 from __future__ import annotations
 
 import hmac
-import threading
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
 import redis
-import uvicorn
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -46,7 +43,8 @@ from pcl.config import ControlConfig
 from pcl.loop.record import FIGURES
 from pcl.credentials import check_token
 from services.control.guard import DOCS_CSP, RequestGuard, dashboard_csp
-from services.control.state import ControlConflict, ControlStore, ControlValueError
+from services.control.requests import ControlRequests
+from services.control.state import ControlConflict, ControlValueError
 from services.control.metrics import metrics_registry
 
 DASHBOARD = Path(__file__).parent / "static" / "dashboard.html"
@@ -133,7 +131,7 @@ class RunStatus(BaseModel):
 # -- dependencies --------------------------------------------------------------------------------------------
 
 
-def get_store(request: Request) -> ControlStore:
+def get_store(request: Request) -> ControlRequests:
     return request.app.state.store
 
 
@@ -148,7 +146,7 @@ def require_token(
         raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
 
-Store = Annotated[ControlStore, Depends(get_store)]
+Store = Annotated[ControlRequests, Depends(get_store)]
 
 
 # -- routes --------------------------------------------------------------------------------------------------
@@ -282,7 +280,7 @@ def dashboard(request: Request) -> HTMLResponse:
     return HTMLResponse(request.app.state.dashboard)
 
 
-def create_app(store: ControlStore, token: str, control: ControlConfig | None = None) -> FastAPI:
+def create_app(store: ControlRequests, token: str, control: ControlConfig | None = None) -> FastAPI:
     """The control plane of `store`'s run; mutations need `token`. `control` sets the guard's limits, the
     trusted hosts and /docs (ControlConfig's defaults when None)."""
     control = control or ControlConfig()
@@ -327,49 +325,3 @@ def _add_error_handlers(app: FastAPI) -> None:
 def _printable(part: Any) -> str | int:
     """A location part or message as valid UTF-8 text (a lone surrogate becomes '?')."""
     return part if isinstance(part, int) else str(part).encode("utf-8", "replace").decode("utf-8")
-
-
-# -- serving -------------------------------------------------------------------------------------------------
-
-
-class ControlServer:
-    """uvicorn serving an app from a daemon thread of this process (port 0 picks a free port)."""
-
-    def __init__(self, app: FastAPI, host: str, port: int):
-        self.host = host
-        config = uvicorn.Config(
-            app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self._serve, name="pcl-control-plane", daemon=True)
-
-    def start(self, timeout_s: float = 15.0) -> "ControlServer":
-        self.thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(
-                    f"the control plane did not start on {self.host}:{self.server.config.port}"
-                )
-            time.sleep(0.02)
-        return self
-
-    def _serve(self) -> None:
-        try:
-            self.server.run()
-        except SystemExit:  # uvicorn exits when it cannot bind; start() reports that
-            pass
-
-    @property
-    def port(self) -> int:
-        return self.server.servers[0].sockets[0].getsockname()[1]
-
-    @property
-    def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
-        return f"http://{host}:{self.port}"
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)

@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from pcl.loop.record import FIGURES, Figure, StepRecord, check_keys
-from services.control.state import ControlStore
+from services.control.reads import ControlReader
 
 # Histograms of step phases (the step record's `histogram` figures); buckets from a tenth of a second (the tiny
 # run) to an hour (large models).
@@ -70,7 +70,7 @@ METRICS: dict[str, tuple[str, str]] = {
 class RunCollector(Collector):
     """Builds every pcl_ metric family of one run from Redis, at collection time."""
 
-    def __init__(self, store: ControlStore):
+    def __init__(self, store: ControlReader):
         self.store = store
 
     def collect(self) -> Iterator[Metric]:
@@ -135,7 +135,7 @@ def _family(name: str, help_: str, samples: list[tuple[dict[str, str], float]],
     return family
 
 
-def _redis_memory(store: ControlStore, run: str) -> Iterator[Metric]:
+def _redis_memory(store: ControlReader, run: str) -> Iterator[Metric]:
     """Redis's memory in use and its maxmemory: a full Redis is backpressure (services.streams.queues), seen here."""
     try:
         info = store.client.info("memory")
@@ -145,7 +145,7 @@ def _redis_memory(store: ControlStore, run: str) -> Iterator[Metric]:
         yield _family(name, CONTROL_METRICS[name][1], [({"run": run}, float(info.get(key, 0)))])
 
 
-def metrics_registry(store: ControlStore) -> CollectorRegistry:
+def metrics_registry(store: ControlReader) -> CollectorRegistry:
     """A registry of its own (not the process-wide default), so several runs can be served side by side."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RunCollector(store))

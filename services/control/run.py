@@ -24,7 +24,8 @@ from typing import Any, Callable
 import redis
 
 from pcl.loop.record import StepRecord
-from services.control.state import HEARTBEAT_TTL_S, ControlStore, Desired, last_step
+from services.control.state import HEARTBEAT_TTL_S, Desired, last_step
+from services.control.writes import ControlWrites
 from services.control.metrics import observation_increments
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ class RunControl:
 
     def __init__(
         self,
-        store: ControlStore,
+        store: ControlWrites,
         health: Callable[[], dict[str, str]] | None = None,
         steps_total: int | None = None,
         poll_s: float = 0.25,
@@ -68,7 +69,7 @@ class RunControl:
         """The control of the run `cfg` describes, on the fleet's Redis."""
         from services.redis_server import make_client
 
-        store = ControlStore(make_client(redis_url, decode_responses=True), cfg.run.name)
+        store = ControlWrites(make_client(redis_url, decode_responses=True), cfg.run.name)
         return cls(store, health, steps_total=cfg.run.steps)
 
     # -- step boundaries -------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import secrets
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,10 +24,11 @@ from typing import TYPE_CHECKING
 from pcl.config import Config, ConfigError, ControlConfig
 from pcl.credentials import check_token
 from pcl.loop.record import check_keys
-from services.control.state import ControlStore
+from services.control.requests import ControlRequests
+from services.control.store import ControlStore
 
 if TYPE_CHECKING:
-    from services.control.api import ControlServer
+    from fastapi import FastAPI
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 
@@ -43,9 +45,9 @@ def resolve_token(configured: str | None) -> tuple[str, bool]:
         raise ConfigError(str(exc)) from None
 
 
-def serve(control: ControlConfig, store: ControlStore, stream=None) -> "ControlServer":
+def serve(control: ControlConfig, store: ControlRequests, stream=None) -> "ControlServer":
     """Start the control plane of `store`'s run in a background thread and say where it is."""
-    from services.control.api import ControlServer, create_app
+    from services.control.api import create_app
 
     stream = stream or sys.stdout
     token, generated = resolve_token(control.token)
@@ -77,6 +79,51 @@ def serve(control: ControlConfig, store: ControlStore, stream=None) -> "ControlS
             flush=True,
         )
     return server
+
+
+class ControlServer:
+    """uvicorn serving an app from a daemon thread of this process (port 0 picks a free port)."""
+
+    def __init__(self, app: "FastAPI", host: str, port: int):
+        import uvicorn  # imported by the process that serves (pcl train without a control plane needs none)
+
+        self.host = host
+        config = uvicorn.Config(
+            app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._serve, name="pcl-control-plane", daemon=True)
+
+    def start(self, timeout_s: float = 15.0) -> "ControlServer":
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(
+                    f"the control plane did not start on {self.host}:{self.server.config.port}"
+                )
+            time.sleep(0.02)
+        return self
+
+    def _serve(self) -> None:
+        try:
+            self.server.run()
+        except SystemExit:  # uvicorn exits when it cannot bind; start() reports that
+            pass
+
+    @property
+    def port(self) -> int:
+        return self.server.servers[0].sockets[0].getsockname()[1]
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
 
 
 class DriverControl:
@@ -144,7 +191,7 @@ def serve_forever(control: ControlConfig, redis_url: str, run: str) -> int:
         connect(redis_url).close()
     except (RedisUnavailable, ValueError) as exc:  # unreachable, or not a redis:// / rediss:// / unix:// URL
         raise ConfigError(str(exc)) from None
-    store = ControlStore(make_client(redis_url, decode_responses=True), run, depth_cache_s=control.depth_cache_s)
+    store = ControlRequests(make_client(redis_url, decode_responses=True), run, depth_cache_s=control.depth_cache_s)
     server = serve(control, store)
     print(f"pcl: serving run {run!r}; Ctrl-C stops", flush=True)
     try:

@@ -8,8 +8,9 @@ import httpx
 import pytest
 
 from pcl.strategies.prompt_curriculum import PCLStrategy
-from services.control.api import ControlServer, create_app
-from services.control.state import ControlStore
+from services.control.api import create_app
+from services.control.server import ControlServer
+from services.control.store import ControlStore
 from services.redis_server import make_client
 from services.control.run import RunControl
 

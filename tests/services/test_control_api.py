@@ -13,9 +13,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from services.control.api import ControlServer, create_app
+from services.control.api import create_app
+from services.control.server import ControlServer
 from services.control.server import format_status
-from services.control.state import ControlStore
+from services.control.store import ControlStore
 from services.control.metrics import METRICS
 from services.redis_server import make_client
 from tests.services.control_fixtures import AUTH, TOKEN, api, running, server, store  # noqa: F401 - fixtures

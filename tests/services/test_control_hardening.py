@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from pcl.config import ControlConfig
-from services.control.api import ControlServer, create_app
-from services.control.state import ControlStore
+from services.control.api import create_app
+from services.control.server import ControlServer
+from services.control.store import ControlStore
 from tests.services.control_fixtures import AUTH, TOKEN, api, running, server, store  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.redis

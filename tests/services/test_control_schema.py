@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.core import NOT_SET
 
-from services.control.api import ControlServer, create_app
-from services.control.state import ControlStore
+from services.control.api import create_app
+from services.control.server import ControlServer
+from services.control.store import ControlStore
 from services.redis_server import make_client
 from tests.services.control_fixtures import AUTH, TOKEN, api, running, server, store  # noqa: F401 - fixtures
 

@@ -11,7 +11,8 @@ import pytest
 
 from pcl.strategies.prompt_curriculum import PCLStrategy
 from pcl.strategies.uniform import UniformStrategy
-from services.control.state import ControlConflict, ControlStore, ControlValueError
+from services.control.state import ControlConflict, ControlValueError
+from services.control.store import ControlStore
 from services.control.metrics import bucket_field
 from services.streams.payloads import RolloutRequest, SamplingParams, pack_tokens
 from services.streams.topology import open_queue, stream_key

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pcl.engines.hf import HFEngine
 from services.streams.payloads import RolloutRequest, SamplingParams, pack_tokens
-from services.control.state import ControlStore
+from services.control.store import ControlStore
 from services.control.metrics import metrics_registry
 from services.streams.queues import QueueUnavailable, RedisFull
 from services.streams.topology import open_queue
