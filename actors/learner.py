@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import ray
 
-from actors.runtime import gather, init_actor_process
+from actors.runtime import gather, in_bundle, init_actor_process
 from pcl.loop.batch import shard_sequences
 
 if TYPE_CHECKING:
@@ -119,11 +119,14 @@ class LearnerGroup:
         self.ranks, self.timeout_s = ranks, timeout_s
 
     @classmethod
-    def create(cls, cfg: LearnerConfig, optimizer: OptimizerConfig, model: ModelConfig, seed: int) -> "LearnerGroup":
-        """cfg.num_ranks ranks placed by the `learner` section (GPUs, resources), each training the policy at
-        model.path (a local directory) in model.dtype with the `optimizer` section."""
-        ranks = [LearnerRank.options(num_gpus=cfg.num_gpus_per_rank, resources=cfg.resources or None)
-                 .remote(r, cfg.num_ranks) for r in range(cfg.num_ranks)]
+    def create(cls, cfg: LearnerConfig, optimizer: OptimizerConfig, model: ModelConfig, seed: int,
+               placement=None) -> "LearnerGroup":
+        """cfg.num_ranks ranks placed by the `learner` section (GPUs, resources), rank r in bundle r of the
+        placement group `placement` when given, each training the policy at model.path (a local directory) in
+        model.dtype with the `optimizer` section."""
+        ranks = [LearnerRank.options(num_gpus=cfg.num_gpus_per_rank, resources=cfg.resources or None,
+                                     **in_bundle(placement, r)).remote(r, cfg.num_ranks)
+                 for r in range(cfg.num_ranks)]
         master = ray.get(ranks[0].address.remote(), timeout=cfg.timeout_s)
         backend = cfg.backend
         if backend == "auto":

@@ -44,6 +44,16 @@ def start_ray() -> bool:
     return True
 
 
+def in_bundle(placement_group, index: int) -> dict:
+    """Actor options placing it in bundle `index` of `placement_group` ({} when None: placed by resources)."""
+    if placement_group is None:
+        return {}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=placement_group,
+                                                                    placement_group_bundle_index=index)}
+
+
 def gather(refs: list, timeout_s: float, what: str) -> list:
     """`ray.get(refs)` that fails as soon as any one of them fails, rather than after the others finish (a
     collective whose peer died never does) or time out; raises TimeoutError naming `what` after timeout_s."""

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 import ray
 
-from actors.runtime import gather, init_actor_process
+from actors.runtime import gather, in_bundle, init_actor_process
 from pcl.config import ValueModelConfig
 from pcl.engines.base import check_prompts
 
@@ -85,11 +85,13 @@ class ValueRank:
 @ray.remote(num_cpus=0, max_restarts=-1, max_task_retries=-1)
 class ValueScorerActor:
     def __init__(self, cfg: ValueModelConfig, model_path: str, device: str, seed: int, threads: int = 1,
-                 checkpoints: str | None = None, num_gpus: float = 0.0, timeout_s: float = 1800.0):
+                 checkpoints: str | None = None, num_gpus: float = 0.0, timeout_s: float = 1800.0,
+                 placement=None):
+        """placement: V's placement group (this actor in bundle 0, rank r in bundle r), or None."""
         init_actor_process(threads)
         self.timeout_s, world_size = timeout_s, cfg.num_ranks
-        self.peers = [ValueRank.options(num_gpus=num_gpus, resources=cfg.resources or None).remote(threads)
-                      for _ in range(world_size - 1)]
+        self.peers = [ValueRank.options(num_gpus=num_gpus, resources=cfg.resources or None,
+                                        **in_bundle(placement, r)).remote(threads) for r in range(1, world_size)]
         master = None
         if self.peers:
             with socket.socket() as s:  # rank 0 (this process) hosts the process group's rendezvous

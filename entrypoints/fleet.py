@@ -2,7 +2,11 @@
 
     fleet = start_fleet(cfg, prepared, redis_url)       # sampler, scorer, learner ranks, workers, coordinator
     ...
-    fleet.stop()
+    fleet.stop()                                        # its actors, then its placement groups
+
+The learner ranks, V's ranks and each rollout engine go into placement groups (`pcl.tools.placement`), reserved
+before any actor starts: a group the cluster cannot hold is refused with the role, its bundles and what the
+cluster has (`PlacementError`, a ConfigError), and the groups already made are removed.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import ray
 
 from actors.handles import FleetHandles
 from pcl.config import Config, ConfigError
+from pcl.tools.placement import RoleGroup, placement_plan
 from services.streams.rollout_client import publish_answers
 
 log = logging.getLogger(__name__)
@@ -25,6 +30,7 @@ class Fleet:
 
     coordinator: object
     handles: FleetHandles
+    placement: "Placement | None" = None
 
     def stop(self) -> None:
         """Stop serving loops politely, then remove every actor."""
@@ -39,6 +45,89 @@ class Fleet:
                 ray.kill(actor, no_restart=True)
         if h.learners is not None:
             h.learners.kill()
+        if self.placement is not None:
+            self.placement.remove()
+
+
+class PlacementError(ConfigError):
+    """A placement group the cluster cannot hold (names the role, its settings, bundles and the cluster)."""
+
+
+@dataclass
+class Placement:
+    """The run's placement groups by role (`pcl.tools.placement.placement_plan`); `at(role, i)` is the scheduling
+    strategy of the role's i-th bundle."""
+
+    groups: dict
+
+    def at(self, role: str, index: int = 0):
+        from actors.runtime import in_bundle
+
+        return in_bundle(self.groups[role], index)["scheduling_strategy"]
+
+    def remove(self) -> None:
+        from ray.util import remove_placement_group
+
+        for group in self.groups.values():
+            try:
+                remove_placement_group(group)
+            except Exception as exc:  # noqa: BLE001 - best effort at the end of a run
+                log.warning("removing a placement group: %s", exc)
+        self.groups = {}
+
+
+def _cluster() -> tuple[dict, list[dict]]:
+    """The cluster's total resources and each live node's."""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    return ray.cluster_resources(), nodes
+
+
+def _refusal(group: RoleGroup, why: str) -> PlacementError:
+    total, nodes = _cluster()
+    shown = {k: v for k, v in total.items() if not k.startswith(("node:", "memory", "object_store"))}
+    return PlacementError(f"placement: the {group.role} group ({group.setting}) asks for bundles "
+                          f"{list(group.bundles)} ({group.strategy}); {why}. The cluster has {shown} on "
+                          f"{len(nodes)} node(s)")
+
+
+def _fits_a_node(group: RoleGroup, nodes: list[dict]) -> bool:
+    """Each bundle fits some node, and a STRICT_PACK group fits one node whole (a quick infeasibility check)."""
+    def fits(need: dict, node: dict) -> bool:
+        return all(node.get(name, 0.0) >= amount - 1e-9 for name, amount in need.items())
+
+    if group.strategy == "STRICT_PACK":
+        whole: dict[str, float] = {}
+        for b in group.bundles:
+            for name, amount in b.items():
+                whole[name] = whole.get(name, 0.0) + amount
+        return any(fits(whole, node) for node in nodes)
+    return all(any(fits(b, node) for node in nodes) for b in group.bundles)
+
+
+def reserve_placement(cfg: Config, timeout_s: float = 120.0) -> Placement:
+    """Make every placement group of the run and wait until each is placed; refuse (PlacementError, the groups
+    made so far removed) one that no node could hold or that is not placed within timeout_s."""
+    from ray.util import placement_group
+
+    placement = Placement({})
+    try:
+        _, nodes = _cluster()
+        plan = placement_plan(cfg)
+        for group in plan:
+            if not _fits_a_node(group, nodes):
+                raise _refusal(group, "no node of the cluster has room for " +
+                               ("the whole group" if group.strategy == "STRICT_PACK" else "one of its bundles"))
+        for group in plan:
+            placement.groups[group.role] = placement_group(list(group.bundles), strategy=group.strategy,
+                                                           name=f"{cfg.run.name}-{group.role}")
+        for group in plan:
+            if not placement.groups[group.role].wait(timeout_s):
+                raise _refusal(group, f"the cluster did not place it within {timeout_s:g}s (its free resources "
+                                      f"are held by the other groups or other runs)")
+    except BaseException:
+        placement.remove()
+        raise
+    return placement
 
 
 def check_fleet_config(cfg: Config) -> None:
@@ -53,8 +142,19 @@ def check_fleet_config(cfg: Config) -> None:
                           f"worker's whole GPUs")
 
 
-def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
-    """Start every actor for a run and wait until each answers."""
+def start_fleet(cfg: Config, prep, redis_url: str, placement_timeout_s: float = 120.0) -> Fleet:
+    """Reserve the run's placement groups, start every actor in them and wait until each answers."""
+    check_fleet_config(cfg)
+    placement = reserve_placement(cfg, placement_timeout_s)
+    try:
+        h, coordinator = _start_actors(cfg, prep, redis_url, placement)
+    except BaseException:
+        placement.remove()
+        raise
+    return Fleet(coordinator, h, placement)
+
+
+def _start_actors(cfg: Config, prep, redis_url: str, placement: Placement):
     from actors.coordinator import Coordinator
     from actors.learner import LearnerGroup
     from actors.rollout import RolloutWorker
@@ -64,31 +164,32 @@ def start_fleet(cfg: Config, prep, redis_url: str) -> Fleet:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from pcl.engines import max_model_len
-    from pcl.strategies import strategy_class
 
-    check_fleet_config(cfg)
     seed, run = cfg.run.seed, cfg.run.name
     policy = cfg.model.model_copy(update={"path": prep.policy_path})  # the model section, with the local copy
     h = FleetHandles(redis_url, prep.policy_path, prep.value_path)
     # The coordinator and the sampler live on the driver's node: they write the run directory beside the driver,
-    # and losing them is losing the run's driver node anyway (the rest is placed by the resources it asks for).
+    # and losing them is losing the run's driver node anyway (the rest is placed by its placement groups).
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     h.sampler = PromptSamplerActor.options(scheduling_strategy=here).remote(prep.train_prompts, seed)
-    if strategy_class(cfg.selection).needs_values:  # a class capability: no strategy is built here
+    if "value" in placement.groups:  # the strategy needs V (pcl.tools.placement.placement_plan)
         gpus = cfg.learner.num_gpus_per_rank  # every V rank: one learner rank's GPUs
-        h.scorer = ValueScorerActor.options(num_gpus=gpus, resources=cfg.value.resources or None).remote(
+        h.scorer = ValueScorerActor.options(num_gpus=gpus, resources=cfg.value.resources or None,
+                                            scheduling_strategy=placement.at("value", 0)).remote(
             cfg.value, prep.value_path, "cuda" if gpus > 0 else "cpu", seed,
-            checkpoints=str(prep.run_dir / "checkpoints"), num_gpus=gpus, timeout_s=cfg.learner.timeout_s)
+            checkpoints=str(prep.run_dir / "checkpoints"), num_gpus=gpus, timeout_s=cfg.learner.timeout_s,
+            placement=placement.groups["value"])
     publish_answers(redis_url, run, prep.answers)
     h.verifiers = [RewardVerifier.options(resources=cfg.verifier.resources or None).remote(
         cfg.verifier, cfg.redis, cfg.run, redis_url, i) for i in range(cfg.verifier.num_workers)]
     h.rollout_workers = [
-        RolloutWorker.options(num_gpus=cfg.rollout.num_gpus_per_worker, resources=cfg.rollout.resources or None).remote(
+        RolloutWorker.options(num_gpus=cfg.rollout.num_gpus_per_worker, resources=cfg.rollout.resources or None,
+                              scheduling_strategy=placement.at(f"rollout-{i}")).remote(
             cfg.rollout, cfg.redis, cfg.run, policy, redis_url, i, max_model_len(cfg))
         for i in range(cfg.rollout.num_workers)]
-    h.learners = LearnerGroup.create(cfg.learner, cfg.optimizer, policy, seed)
+    h.learners = LearnerGroup.create(cfg.learner, cfg.optimizer, policy, seed, placement=placement.groups["learner"])
     pings = [a.ping.remote() for a in [h.sampler, *h.verifiers, *h.rollout_workers, h.scorer] if a is not None]
     ray.get(pings, timeout=cfg.learner.timeout_s)
     coordinator = Coordinator.options(scheduling_strategy=here).remote(cfg.model_dump(), str(prep.run_dir), h,
                                                                       prep.eval_prompts, prep.suite)
-    return Fleet(coordinator, h)
+    return h, coordinator

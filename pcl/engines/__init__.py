@@ -44,6 +44,9 @@ def make_engine(rollout_cfg, model_path: str, seed: int, *, dtype: str | None = 
     if rollout_cfg.engine == "vllm":
         from pcl.engines.vllm import VLLMEngine
 
+        from pcl.tools.placement import executor_backend
+
+        engine_kwargs.setdefault("distributed_executor_backend", executor_backend(rollout_cfg.tensor_parallel_size))
         return VLLMEngine(
             model_path,
             tensor_parallel_size=rollout_cfg.tensor_parallel_size,
