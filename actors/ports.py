@@ -19,6 +19,7 @@ import ray
 
 from actors.handles import FleetHandles
 from actors.runtime import gather
+from actors.weight_sync import weight_sender
 import pcl.loop.checkpoint_store as ckpt
 from pcl.config import Config
 
@@ -73,14 +74,13 @@ class ActorScorer:
 
 
 class FleetLearner:
-    """The learner group, and the weights every rollout worker serves (by rpc through the object store, or
-    the collective broadcast of `rollout.weight_sync: collective`)."""
+    """The learner group, and the weights every rollout worker serves (`actors.weight_sync`: by rpc through the
+    object store, or the collective broadcast of `rollout.weight_sync: collective`)."""
 
     def __init__(self, cfg: Config, learners, workers: list, policy_path: str | None):
         self.cfg, self.learners, self.workers, self.policy_path = cfg, learners, workers, policy_path
         self.timeout_s = cfg.learner.timeout_s
-        self.broadcast = _weight_broadcast(cfg, learners, workers)  # None: the rpc route
-        self.weights_ref = None  # the weights of policy_version in the object store (None: the initial ones)
+        self.sender = weight_sender(cfg, learners, workers)
         self.policy_version = 0
         self.worker_reloads = 0  # weights given to rollout workers Ray restarted
         self.unavailable: set[int] = set()  # workers that did not answer the last fleet check (restarting)
@@ -91,13 +91,8 @@ class FleetLearner:
     def sync_weights(self, version: int) -> None:
         """Push the learner's new weights to every rollout worker; from here on they serve `version`. A worker
         that dies meanwhile is restarted by Ray and the load retried on it."""
-        if self.broadcast is not None:  # collective (the object store ref is made on demand)
-            self.broadcast.sync(version)
-            self.weights_ref, self.policy_version = None, version
-            return
-        ref = self.learners.state_ref()
-        gather([w.load_weights.remote(ref, version) for w in self.workers], self.timeout_s, "weight sync")
-        self.weights_ref, self.policy_version = ref, version
+        self.sender.sync(version)
+        self.policy_version = version
 
     def check_fleet(self) -> None:
         """Give the current weights to rollout workers that lack them: one that Ray restarted after its process
@@ -115,15 +110,12 @@ class FleetLearner:
             except ray.exceptions.RayError:
                 self.unavailable.add(index)
                 continue
-            if version != self.policy_version and self.weights_ref is None and self.policy_version == 0:
+            if version != self.policy_version and self.policy_version == 0:
                 ray.get(worker.serve.remote(), timeout=self.timeout_s)  # version 0: its initial weights are current
             elif version != self.policy_version:
                 log.warning("rollout worker holds policy version %s, not %s (restarted?): reloading its weights",
                             version, self.policy_version)
-                if self.weights_ref is None:  # collective route: this worker takes them by rpc, and the
-                    self.weights_ref = self.learners.state_ref()  # group re-forms with it at the next sync
-                    self.broadcast.invalidate()
-                ray.get(worker.load_weights.remote(self.weights_ref, self.policy_version), timeout=self.timeout_s)
+                self.sender.reload(worker, self.policy_version)
                 self.worker_reloads += 1
 
     def live_workers(self) -> int:
@@ -176,16 +168,6 @@ class StreamRollouts:
         if len(state["engines"]) == len(workers):
             gather([w.load_rng_state.remote(e) for w, e in zip(workers, state["engines"])], self.timeout_s,
                    "rollout engine state")
-
-
-def _weight_broadcast(cfg: Config, learners, workers):
-    """The collective weight sync of `rollout.weight_sync: collective` (NCCL with GPUs, else gloo), or None."""
-    if cfg.rollout.weight_sync != "collective":
-        return None
-    from actors.weight_broadcast import WeightBroadcast  # noqa: PLC0415
-
-    gpus = cfg.learner.num_gpus_per_rank > 0 and cfg.rollout.num_gpus_per_worker > 0
-    return WeightBroadcast(learners, workers, cfg.rollout, "nccl" if gpus else "gloo", cfg.learner.timeout_s)
 
 
 def state_bytes_estimate(fleet: FleetHandles) -> int:

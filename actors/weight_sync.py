@@ -1,35 +1,71 @@
-"""The coordinator's collective weight sync (`rollout.weight_sync: collective`): learner rank 0 and every vLLM
-worker of the fleet in one torch.distributed group (`pcl.weight_sync.collective`), each step's weights broadcast into vLLM.
+"""The two routes of the learner's weights to the rollout fleet, behind one interface (`WeightSender`):
 
-    broadcast = WeightBroadcast(learners, workers, cfg.rollout, backend="gloo", timeout_s=600)
-    broadcast.sync(version)      # forms the group on first use (or after invalidate), then one broadcast
-    broadcast.invalidate()       # a rollout worker was restarted: it is not in the group; re-form at the next sync
+    sender = weight_sender(cfg, learners, workers)    # RpcWeights or CollectiveWeights, by rollout.weight_sync
+    sender.sync(version)                               # every worker serves `version` from here on
+    sender.reload(worker, version)                     # a worker Ray restarted gets the current weights
 
-Ranks: learner rank 0 is 0; rollout worker i holds ranks 1 + i * tensor_parallel_size onwards (one per vLLM
-worker). A group that cannot form or a broadcast that fails raises (naming the address) within the timeout; the
+- `rpc` (`RpcWeights`): learner rank 0 gathers the full state into Ray's object store; every worker loads it
+  (`RolloutWorker.load_weights`). Works with any engine; the weights pass through host memory.
+- `collective` (`CollectiveWeights`): learner rank 0 and every vLLM worker form one torch.distributed group
+  (`pcl.weight_sync.collective`: NCCL with GPUs, else gloo) and each step's weights are broadcast bucket by
+  bucket into vLLM. Ranks: learner rank 0 is 0; rollout worker i holds ranks 1 + i * tensor_parallel_size
+  onwards (one per vLLM worker). A worker that Ray restarted is not in the group: it takes the weights by rpc,
+  and the group re-forms with it at the next sync.
+
+A group that cannot form or a transfer that fails raises within the timeout (naming the address); the
 coordinator's restart loop then takes over as for any failed step.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Protocol
+
+import ray
 
 from actors.runtime import gather
 
-log = logging.getLogger("pcl.weight_sync.collective")
+log = logging.getLogger("pcl.weight_sync")
 
 
-class WeightBroadcast:
+class WeightSender(Protocol):
+    def sync(self, version: int) -> None:
+        """Send the learner's weights as policy `version` to every rollout worker."""
+
+    def reload(self, worker, version: int) -> None:
+        """Give the current weights (`version`) to one worker that lacks them (Ray restarted it)."""
+
+
+class RpcWeights:
+    """Through the object store: one gather on learner rank 0, one load per worker."""
+
+    def __init__(self, learners, workers: list, timeout_s: float) -> None:
+        self.learners, self.workers, self.timeout_s = learners, workers, timeout_s
+        self.ref = None  # the weights of the last sync in the object store
+
+    def sync(self, version: int) -> None:
+        ref = self.learners.state_ref()
+        gather([w.load_weights.remote(ref, version) for w in self.workers], self.timeout_s, "weight sync")
+        self.ref = ref
+
+    def reload(self, worker, version: int) -> None:
+        if self.ref is None:
+            self.ref = self.learners.state_ref()
+        ray.get(worker.load_weights.remote(self.ref, version), timeout=self.timeout_s)
+
+
+class CollectiveWeights:
+    """A torch.distributed broadcast from learner rank 0 into every vLLM worker (see the module docstring)."""
+
     def __init__(self, learners, workers: list, rollout_cfg, backend: str, timeout_s: float) -> None:
         self.learners, self.workers, self.cfg = learners, workers, rollout_cfg
         self.backend, self.timeout_s = backend, timeout_s
         self.formed = False
+        self.ref, self.ref_version = None, None  # weights put in the object store for restarted workers
 
     def form(self) -> None:
         """Learner rank 0 hosts the group at a port of its node it holds bound; every vLLM worker joins it (each
         member leaves a group it held from before: a failed one was aborted where the failure was seen)."""
-        import ray
-
         rank0 = self.learners.ranks[0]
         address = ray.get(rank0.weight_group_address.remote(), timeout=self.timeout_s)  # its port held bound
         tp = self.cfg.tensor_parallel_size
@@ -43,7 +79,6 @@ class WeightBroadcast:
         self.formed = True
 
     def sync(self, version: int) -> None:
-        """Broadcast the learner's weights as policy `version` to every worker (forming the group if needed)."""
         if not self.formed:
             self.form()
         refs = self.learners.broadcast_refs(self.cfg.weight_sync_bucket_mb << 20)
@@ -54,5 +89,18 @@ class WeightBroadcast:
             self.formed = False  # a member may be gone or out of step: re-form before the next broadcast
             raise
 
-    def invalidate(self) -> None:
+    def reload(self, worker, version: int) -> None:
+        """By rpc (the restarted worker is not in the group); the group re-forms with it at the next sync."""
+        if self.ref_version != version:
+            self.ref, self.ref_version = self.learners.state_ref(), version
         self.formed = False
+        ray.get(worker.load_weights.remote(self.ref, version), timeout=self.timeout_s)
+
+
+def weight_sender(cfg, learners, workers: list) -> WeightSender:
+    """The route `rollout.weight_sync` names: collective (NCCL where learner and workers have GPUs, else gloo) or
+    rpc."""
+    if cfg.rollout.weight_sync == "collective":
+        gpus = cfg.learner.num_gpus_per_rank > 0 and cfg.rollout.num_gpus_per_worker > 0
+        return CollectiveWeights(learners, workers, cfg.rollout, "nccl" if gpus else "gloo", cfg.learner.timeout_s)
+    return RpcWeights(learners, workers, cfg.learner.timeout_s)
