@@ -2,7 +2,7 @@
 `pcl --help` returns at once.
 
     pcl make-tiny [--seed 0] [--out DIR] [--task tiny|tiny-carry]   build a tiny task and its warm-started model
-    pcl train CONFIG [MORE.yaml ...] [--run-dir DIR] [--resume [DIR]] [--ignore-plan] [key=value ...]
+    pcl train CONFIG [MORE.yaml ...] [--run-dir DIR] [--resume [DIR]] [--ignore-plan] [--rehearse] [key=value ...]
     pcl control --redis-url URL (--run NAME | --config CONFIG) [key=value ...]   serve a run's control plane
     pcl status [--url URL] [--json]                        a run's status, as a table
     pcl probe-batch CONFIG [--sizes B,...] [--repeats R] [key=value ...]   generation time over batch sizes
@@ -37,6 +37,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
         # `--resume key=value`: the optional DIR took an override; it means `--resume` and that override
         args.overrides, args.resume = [args.resume, *args.overrides], ""
     cfg = load_config(*_config_files(args))
+    if args.rehearse:  # the config's layout for 2 steps on CPU with the tiny model (entrypoints/rehearse.py)
+        from entrypoints.rehearse import rehearse
+
+        return rehearse(cfg, run_dir=args.run_dir)
     _check_plan(cfg, args.ignore_plan)
     from entrypoints.train import run_training
 
@@ -218,6 +222,8 @@ def _add_training_commands(sub) -> None:
                    help="continue from the newest complete checkpoint (of DIR, or of the run dir)")
     p.add_argument("--ignore-plan", action="store_true",
                    help="train even when `pcl plan` says the config does not fit its GPUs (logged)")
+    p.add_argument("--rehearse", action="store_true",
+                   help="run the config's layout for 2 steps on CPU with the tiny model and lengths; PASS or FAIL")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("make-tiny", help="build the tiny synthetic task, tokenizer and warm-started model")
