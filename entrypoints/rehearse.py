@@ -31,13 +31,14 @@ def rehearse(preset, tiny=None, run_dir: str | None = None, out=None) -> int:
     say = lambda line: print(f"pcl rehearse: {line}", file=out, flush=True)  # noqa: E731
     problem = plan_refusal(preset)
     if problem is not None:
-        say(f"FAIL: the preset does not fit its cluster: {problem}")
+        say(problem)
+        say("FAIL: the preset does not fit its cluster (pcl plan's shortfalls above)")
         return 1
     started = time.perf_counter()
     try:
         cfg, swapped = rehearsal_config(preset, tiny or load_config(TINY_CONFIG))
     except ValueError as exc:  # a setting that does not hold together on the rehearsal's shape
-        say(f"FAIL: {exc}")
+        say(f"FAIL: {str(exc).strip().splitlines()[0]}")
         return 1
     say(f"{preset.run.name}: {len(swapped)} settings swapped for a CPU rehearsal of {REHEARSAL_STEPS} steps")
     for line in swapped:
@@ -49,7 +50,9 @@ def rehearse(preset, tiny=None, run_dir: str | None = None, out=None) -> int:
         code = run_training(cfg, run_dir=str(where))
         steps = [r["step"] for r in read_metrics(where / "metrics.jsonl") if r.get("step", 0) > 0]
     except Exception as exc:  # noqa: BLE001 - any failure is the rehearsal's verdict
-        say(f"FAIL after {time.perf_counter() - started:.0f}s: {type(exc).__name__}: {exc}")
+        say(f"{type(exc).__name__}: {exc}")
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        say(f"FAIL after {time.perf_counter() - started:.0f}s: {type(exc).__name__}: {first}")
         return 1
     if code != 0 or len(steps) < REHEARSAL_STEPS:
         say(f"FAIL: the run ended with code {code} after {len(steps)} of {REHEARSAL_STEPS} steps ({where})")

@@ -66,3 +66,13 @@ def _distinct_layouts() -> list[str]:
 def test_every_distinct_preset_layout_rehearses_on_cpu(preset, untrained_tiny, ray_session, tmp_path):
     code, out, _ = _rehearse(preset, untrained_tiny, tmp_path)
     assert code == 0, out
+
+
+def test_the_command_line_rehearsal_of_a_preset_its_cluster_cannot_hold_fails_at_once():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "entrypoints.cli", "train", SMALLEST, "--rehearse",
+                          "learner.num_ranks=8"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.strip().splitlines()[-1].startswith("pcl rehearse: FAIL: the preset does not fit its cluster")
