@@ -161,14 +161,7 @@ def plot(runs: dict[str, dict[int, list[StepRecord]]], out_dir: Path) -> list[Pa
 
 def write_report(exp) -> Path:
     """Read every run of the experiment, write the markdown report and its plots; returns the report's path."""
-    runs: dict[str, dict[int, list[StepRecord]]] = {}
-    for arm in exp.strategies:
-        for seed in exp.seeds:
-            path = exp.runs_path / f"{arm}-seed{seed}" / METRICS_FILE
-            if path.is_file():
-                runs.setdefault(arm, {})[seed] = read_records(path)
-    if not runs:
-        raise FileNotFoundError(f"no run of experiment {exp.name!r} under {exp.runs_path}")
+    runs = read_runs(exp)
     gain = exp.target_gain is not None
     target, target_name = (exp.target_gain, f"+{exp.target_gain:.2f}") if gain else (exp.target_accuracy,
                                                                                      f"{exp.target_accuracy:.2f}")
@@ -178,7 +171,40 @@ def write_report(exp) -> Path:
     plot_dir = out.parent / out.stem
     plots = plot(runs, plot_dir)
     reference = [json.loads(p.read_text()) for p in sorted(exp.runs_path.glob("reference-seed*.json"))]
-    lines = [
+    lines = _introduction(exp, table(figures, target_name), target, gain)
+    if reference:
+        r = reference[0]
+        lines += ["", f"Reference pass rates (initial policy, {r['n_pre']} rollouts of each of {r['prompts']} training "
+                  f"prompts, one process) took {statistics.fmean(x['seconds'] for x in reference):.0f} s per seed, "
+                  "once, outside every run's budget; the prefilter arm filters on them, every arm reports the "
+                  "reference difficulty of what it selected."]
+    failed = sorted(p.parent.name for p in exp.runs_path.glob("*/FAILED"))
+    if failed:
+        lines += ["", f"Failed runs (their records so far are included): {', '.join(failed)}."]
+    lines += ["", "## Plots", ""]
+    lines += [f"![{p.stem}]({plot_dir.name}/{p.name})" for p in plots]
+    lines += _per_run(runs, target, gain)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def read_runs(exp) -> dict[str, dict[int, list[StepRecord]]]:
+    """The step records of every run of the experiment that has any: arm -> seed -> records."""
+    runs: dict[str, dict[int, list[StepRecord]]] = {}
+    for arm in exp.strategies:
+        for seed in exp.seeds:
+            path = exp.runs_path / f"{arm}-seed{seed}" / METRICS_FILE
+            if path.is_file():
+                runs.setdefault(arm, {})[seed] = read_records(path)
+    if not runs:
+        raise FileNotFoundError(f"no run of experiment {exp.name!r} under {exp.runs_path}")
+    return runs
+
+
+def _introduction(exp, figures_table: str, target: float, gain: bool) -> list[str]:
+    """The report's title, how its runs were made, the arms, the table of figures and how to read it."""
+    return [
         f"# Strategy comparison: {exp.name}",
         "",
         f"Written by `pcl experiment` on {time.strftime('%Y-%m-%d %H:%M')} ({platform.machine()}, "
@@ -191,7 +217,7 @@ def write_report(exp) -> Path:
         "Arms: " + "; ".join(f"**{arm}** " + " ".join(f"`{o}`" for o in arm_overrides)
                              for arm, arm_overrides in exp.strategies.items()) + ".",
         "",
-        table(figures, target_name),
+        figures_table,
         "",
         "Best held-out accuracy, effective ratio and seconds per step are means over the seeds (± the standard "
         "error over seeds); time to target ("
@@ -201,24 +227,15 @@ def write_report(exp) -> Path:
         "rollouts of V's explained-variance probe (PCL only, counted apart as probe_seconds); selection seconds are "
         "drawing candidates, V's scoring and the strategy's own work.",
     ]
-    if reference:
-        r = reference[0]
-        lines += ["", f"Reference pass rates (initial policy, {r['n_pre']} rollouts of each of {r['prompts']} training "
-                  f"prompts, one process) took {statistics.fmean(x['seconds'] for x in reference):.0f} s per seed, "
-                  "once, outside every run's budget; the prefilter arm filters on them, every arm reports the "
-                  "reference difficulty of what it selected."]
-    failed = sorted(p.parent.name for p in exp.runs_path.glob("*/FAILED"))
-    if failed:
-        lines += ["", f"Failed runs (their records so far are included): {', '.join(failed)}."]
-    lines += ["", "## Plots", ""]
-    lines += [f"![{p.stem}]({plot_dir.name}/{p.name})" for p in plots]
-    lines += ["", "## Per run", "", "| run | steps | start accuracy | best accuracy | time to target (s) |",
-              "|---|---|---|---|---|"]
+
+
+def _per_run(runs: dict[str, dict[int, list[StepRecord]]], target: float, gain: bool) -> list[str]:
+    """The per-run section: each run's steps, start and best accuracy, time to target."""
+    lines = ["", "## Per run", "", "| run | steps | start accuracy | best accuracy | time to target (s) |",
+             "|---|---|---|---|---|"]
     for arm, seeds in runs.items():
         for seed, records in sorted(seeds.items()):
             f = run_figures(records, target, gain)
             lines.append(f"| {arm} seed {seed} | {f['steps']} | {_cell(f['accuracy_start'], '.3f')} | "
                          f"{_cell(f['accuracy_best'], '.3f')} | {_cell(f['time_to_target'], '.0f')} |")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
-    return out
+    return lines

@@ -238,13 +238,38 @@ def start_from(cfg: Config, run_dir: Path, fleet, checkpoint: Path | None) -> No
         MetricsLog(run_dir, SELECTIONS_FILE).truncate_after(-1)
 
 
+def restart_point(cfg: Config, run_dir: Path, exc: BaseException, restarts: int) -> Path | None:
+    """The checkpoint a restart after `exc` begins from (None: the start), said on stderr."""
+    import pcl.loop.checkpoint_store as ckpt
+
+    checkpoint = ckpt.latest(run_dir / "checkpoints")
+    print(f"pcl: the run failed ({_reason(exc)}); restarting from "
+          f"{checkpoint or 'the start'} (restart {restarts} of {cfg.checkpoint.max_restarts})",
+          file=sys.stderr, flush=True)
+    return checkpoint
+
+
+def release(trackers, console, fleet, control, own_ray: bool, redis) -> None:
+    """Close what a run opened, in this order: trackers, the console sink, the fleet, the control plane, Ray
+    (when this process started it), Redis."""
+    trackers.close()
+    if console is not None:
+        console.close()
+    if fleet is not None:
+        fleet.stop()
+    if control is not None:
+        control.close()
+    if own_ray:
+        import ray
+
+        ray.shutdown()
+    redis.close()
+
+
 def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = None) -> int:
     """Train to completion; returns the process exit code."""
     started = time.perf_counter()
     prep = prepare(cfg, run_dir, resume)  # bad input fails here, before the heavy imports below
-    import ray
-
-    import pcl.loop.checkpoint_store as ckpt
     from actors.runtime import start_ray
     from services.control.server import DriverControl
     from entrypoints.fleet import start_fleet
@@ -283,10 +308,7 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
                 if not recoverable(exc) or restarts >= cfg.checkpoint.max_restarts:
                     raise
                 restarts += 1
-                checkpoint = ckpt.latest(prep.run_dir / "checkpoints")
-                print(f"pcl: the run failed ({_reason(exc)}); restarting from "
-                      f"{checkpoint or 'the start'} (restart {restarts} of {cfg.checkpoint.max_restarts})",
-                      file=sys.stderr, flush=True)
+                checkpoint = restart_point(cfg, prep.run_dir, exc, restarts)
                 fleet.stop()
                 fleet = None
         summary.update(restarts=restarts, redis_restarts=keep_redis.restarts,
@@ -299,13 +321,4 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
             control.failed(exc)
         raise
     finally:
-        trackers.close()
-        if console is not None:
-            console.close()
-        if fleet is not None:
-            fleet.stop()
-        if control is not None:
-            control.close()
-        if own_ray:
-            ray.shutdown()
-        redis.close()
+        release(trackers, console, fleet, control, own_ray, redis)

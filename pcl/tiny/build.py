@@ -395,11 +395,39 @@ def _probe_stop(model, tokenizer, rows: list[dict], seed: int, target_pass_rate:
     return stop
 
 
+def _generation_config(tokenizer):
+    """What the saved policy samples with: the tokenizer's special tokens, temperature 1."""
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0,
+    )
+
+
+def _measure(model, tokenizer, rows: list[dict], seed: int, verbose: bool, response) -> list[float]:
+    """Each row's pass rate over MEASURE_SAMPLES samples, with a progress bar."""
+    with Progress(len(rows), "measuring pass rates", "prompt", lines=verbose,
+                  terminal=None if verbose else False) as bar:
+        return measure_pass_rates(model, tokenizer, rows, MEASURE_SAMPLES, seed=seed, progress=bar.update,
+                                  response=response)
+
+
+def _loss_figures(losses: list[float]) -> dict:
+    """The warm-up's final loss (mean of the last 20 steps) and its mean loss by tenth of the steps taken."""
+    tenth = math.ceil(len(losses) / 10)
+    return {
+        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
+        "loss_by_tenth": [round(sum(losses[i : i + tenth]) / len(losses[i : i + tenth]), 4)
+                          for i in range(0, len(losses), tenth)],
+    }
+
+
 def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Callable[[str], None],
                 target_pass_rate: float | None, probe_from: int, probe_every: int, verbose: bool = False,
                 family: TinyTask = ARITH) -> None:
     """All of a build's files but the marker."""
-    from transformers import GenerationConfig, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     started, cpu_started = time.perf_counter(), time.process_time()
     log(f"building the tiny task {family.name!r} and its policy (seed {seed}, up to {steps} warm-up steps, "
@@ -425,29 +453,20 @@ def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Cal
         losses = warm_up(model, input_ids[order], labels[order], steps, WARMUP_BATCH, WARMUP_LR, log, stop,
                          decay_steps)
         warmup_seconds = time.perf_counter() - warm_started
-        model.generation_config = GenerationConfig(
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id, do_sample=True, temperature=1.0,
-        )
+        model.generation_config = _generation_config(tokenizer)
         _save_quietly(model, out)
         log(f"measuring pass rates: {MEASURE_SAMPLES} samples x {measure_prompts} training prompts")
         measure_started = time.perf_counter()
-        with Progress(measure_prompts, "measuring pass rates", "prompt", lines=verbose,
-                      terminal=None if verbose else False) as bar:
-            rates = measure_pass_rates(model, tokenizer, train_rows[:measure_prompts], MEASURE_SAMPLES, seed=seed,
-                                       progress=bar.update, response=family.response)
+        rates = _measure(model, tokenizer, train_rows[:measure_prompts], seed, verbose, family.response)
         measure_seconds = time.perf_counter() - measure_started
     summary = summarize(rates, [r["difficulty"] for r in train_rows[:measure_prompts]], family.level_name)
-    taken = len(losses)
-    tenth = math.ceil(taken / 10)
     report = {
-        "task": family.name, "seed": seed, "warmup_steps": steps, "warmup_steps_taken": taken, "warmup_batch": WARMUP_BATCH,
+        "task": family.name, "seed": seed, "warmup_steps": steps, "warmup_steps_taken": len(losses),
+        "warmup_batch": WARMUP_BATCH,
         "warmup_lr": WARMUP_LR, "warmup_decay_steps": decay_steps, "target_pass_rate": target_pass_rate,
         "probes": probes,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "final_loss": sum(losses[-20:]) / len(losses[-20:]),
-        "loss_by_tenth": [round(sum(losses[i : i + tenth]) / len(losses[i : i + tenth]), 4)
-                          for i in range(0, taken, tenth)],
+        **_loss_figures(losses),
         "pass_rates": summary,
         "warmup_seconds": round(warmup_seconds, 2), "measure_seconds": round(measure_seconds, 2),
         "build_seconds": round(time.perf_counter() - started, 2),

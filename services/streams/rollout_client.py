@@ -105,26 +105,45 @@ class RolloutClient:
         if not rollouts:
             return []
         run = f"{self.run}:{tag}" if tag else self.run
+        requests = self._requests(run, step, policy_version, rollouts, temperature, sampling or {})
+        self.requests.put(request_chunks(requests, self.live_workers(), self.cfg.rollout.max_in_flight))
+        collector = StepCollector(run, step, policy_version,
+                                  {(p.id, first + j) for p, n, first in rollouts for j in range(n)},
+                                  resolve=self.results.join)
+        self._collect(collector, step, on_wait, on_progress)
+        self.dropped.update(collector.dropped())
+        batch = collector.batch()
+        self._count(batch, step, own=not tag)
+        for queue in (self.requests, self.results, self.rewards):  # the batch is complete: trim its records
+            queue.trim_committed()
+        return [Sample(rec.prompt_id, rec.sample_index, tuple(unpack_tokens(rec.prompt_token_ids).tolist()),
+                       tuple(unpack_tokens(rec.token_ids).tolist()), float(rec.reward), rec.finish_reason,
+                       tuple(unpack_logprobs(rec.logprobs).tolist()) if rec.logprobs else None)
+                for rec in batch]
+
+    def _requests(self, run: str, step: int, policy_version: int, rollouts: list[tuple],
+                  temperature: float | None, overrides: dict) -> list[RolloutRequest]:
+        """The stream records of (prompt, n, first_index) triples: the rollout settings with the step's
+        overrides, and with rollout.deterministic a seed of each request's own."""
         r = self.cfg.rollout
-        overrides = sampling or {}
         sampling = SamplingParams(temperature=r.temperature if temperature is None else temperature,
                                   top_p=overrides.get("top_p", r.top_p), top_k=overrides.get("top_k", r.top_k),
                                   max_new_tokens=overrides.get("max_new_tokens") or r.max_new_tokens)
-        seeded = self.cfg.rollout.deterministic
 
         def params(prompt_id: str, first: int) -> SamplingParams:
-            if not seeded:
+            if not r.deterministic:
                 return sampling
             seed = request_seed(self.cfg.run.seed, run, step, prompt_id, first)
             return msgspec.structs.replace(sampling, seed=seed)
 
-        requests = [RolloutRequest(run, step, p.id, pack_tokens(p.prompt_token_ids), n, policy_version,
-                                   params(p.id, first), first) for p, n, first in rollouts]
-        self.requests.put(request_chunks(requests, self.live_workers(), r.max_in_flight))
-        collector = StepCollector(run, step, policy_version,
-                                  {(p.id, first + j) for p, n, first in rollouts for j in range(n)},
-                                  resolve=self.results.join)
-        deadline = time.monotonic() + r.step_timeout_s
+        return [RolloutRequest(run, step, p.id, pack_tokens(p.prompt_token_ids), n, policy_version,
+                               params(p.id, first), first) for p, n, first in rollouts]
+
+    def _collect(self, collector: StepCollector, step: int, on_wait, on_progress) -> None:
+        """Take verified records until the collector holds every sample it expects, or rollout.step_timeout_s
+        passes (TimeoutError)."""
+        timeout_s = self.cfg.rollout.step_timeout_s
+        deadline = time.monotonic() + timeout_s
         next_check = time.monotonic() + WAIT_CHECK_S
         while not collector.complete:
             if on_wait is not None and time.monotonic() > next_check:
@@ -132,30 +151,27 @@ class RolloutClient:
                 next_check = time.monotonic() + WAIT_CHECK_S
             if time.monotonic() > deadline:
                 raise TimeoutError(f"step {step}: {len(collector.missing)} of {len(collector.expected)} samples "
-                                   f"not verified within rollout.step_timeout_s={r.step_timeout_s:g}s")
+                                   f"not verified within rollout.step_timeout_s={timeout_s:g}s")
             deliveries = self.rewards.take(4096)
             before = len(collector.records)
             collector.offer_all(r for d in deliveries for r in d.records)
             self.rewards.ack(deliveries)
             if on_progress is not None and len(collector.records) != before:
                 on_progress(len(collector.records), len(collector.expected))
-        self.dropped.update(collector.dropped())
-        batch = collector.batch()
+
+    def _count(self, batch: list, step: int, own: bool) -> None:
+        """Add a complete batch to the totals (verifier errors beyond verifier.max_error_share raise) and, for
+        the step's own samples (`own`: all its rounds and V's probe, not evaluations), to the per-worker
+        counts."""
         tokens = sum(len(rec.token_ids) for rec in batch) // TOKEN_DTYPE.itemsize
         errors = sum(bool(rec.verifier_error) for rec in batch)
         self.totals.update(samples_total=len(batch), generated_tokens_total=tokens, verifier_errors_total=errors,
                            verifier_timeouts_total=sum(bool(rec.timed_out) for rec in batch))
         check_verifier_errors(step, errors, len(batch), self.cfg.verifier.max_error_share)
-        if not tag:  # the step's own samples (all its rounds and V's probe), not evaluations
+        if own:
             if self._by_worker_step != step:
                 self.by_worker, self._by_worker_step = Counter(), step
             self.by_worker.update(rec.worker or "?" for rec in batch)
-        for queue in (self.requests, self.results, self.rewards):  # the batch is complete: trim its records
-            queue.trim_committed()
-        return [Sample(rec.prompt_id, rec.sample_index, tuple(unpack_tokens(rec.prompt_token_ids).tolist()),
-                       tuple(unpack_tokens(rec.token_ids).tolist()), float(rec.reward), rec.finish_reason,
-                       tuple(unpack_logprobs(rec.logprobs).tolist()) if rec.logprobs else None)
-                for rec in batch]
 
     def counters(self) -> dict[str, int]:
         """Cumulative counts of dropped deliveries, dead letters, samples, response tokens and verifier timeouts,
