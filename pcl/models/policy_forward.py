@@ -23,9 +23,10 @@ from pcl.rl import head_token_logprobs
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The decoder layers of a Hugging Face model: its modules whose class `_no_split_modules` names."""
+    """The decoder layers of a Hugging Face model: its modules whose class `_no_split_modules` names, or a
+    subclass of it (FSDP2's fully_shard makes each sharded module an FSDP<class>)."""
     layer_classes = set(getattr(model, "_no_split_modules", None) or [])
-    layers = [m for m in model.modules() if type(m).__name__ in layer_classes]
+    layers = [m for m in model.modules() if any(c.__name__ in layer_classes for c in type(m).__mro__)]
     if not layers:
         raise ValueError(f"model {type(model).__name__}: no decoder layers found "
                          f"(looked for {sorted(layer_classes)})")
