@@ -1,7 +1,7 @@
 """The `pcl` command line. Each subcommand parses its arguments and imports what it needs late, so that
 `pcl --help` returns at once.
 
-    pcl make-tiny [--seed 0] [--out DIR] [--task tiny|tiny-carry]   build a tiny task and its warm-started model
+    pcl make-tiny [--seed 0] [--out DIR] [--task tiny|tiny-carry] [--from-scratch]   a tiny task and its warm-started model
     pcl train CONFIG [MORE.yaml ...] [--run-dir DIR] [--resume [DIR]] [--ignore-plan] [--rehearse] [key=value ...]
     pcl control --redis-url URL (--run NAME | --config CONFIG) [key=value ...]   serve a run's control plane
     pcl status [--url URL] [--json]                        a run's status, as a table
@@ -26,7 +26,8 @@ import sys
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     from pcl.tiny.build import build_tiny
 
-    build_tiny(seed=args.seed, out_dir=args.out, force=args.force, verbose=True, task=args.task)
+    build_tiny(seed=args.seed, out_dir=args.out, force=args.force, verbose=True, task=args.task,
+               from_scratch=args.from_scratch)
     return 0
 
 
@@ -230,6 +231,9 @@ def _add_training_commands(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="output directory (default: the cache directory for the seed)")
     p.add_argument("--force", action="store_true", help="rebuild even if a complete build exists")
+    p.add_argument("--from-scratch", action="store_true",
+                   help="train the policy here (minutes, one thread) instead of installing the policy shipped in "
+                        "the package for this task and seed (pcl/tiny/shipped)")
     p.add_argument("--task", default="tiny", choices=["tiny", "tiny-carry"],
                    help="the task family: sums answered alone (tiny) or with a scratchpad (tiny-carry)")
     p.set_defaults(func=_cmd_make_tiny)

@@ -38,6 +38,7 @@ import torch
 from pcl.progress import Progress
 from pcl.tiny.task import format_prompt
 from pcl.tiny.tasks import ARITH, TinyTask, tiny_task
+from pcl.tiny.shipped import load_shipped_weights, shipped_paths, shipped_record
 from pcl.tiny.tokenizer import build_tokenizer
 
 MARKER = "COMPLETE"
@@ -304,14 +305,15 @@ def build_tiny(
     seed: int = 0, out_dir: str | os.PathLike | None = None, force: bool = False, verbose: bool = False,
     steps: int | None = None, measure_prompts: int = MEASURE_PROMPTS,
     target_pass_rate: float | None | str = "task", probe_from: int | None = None, probe_every: int = PROBE_EVERY,
-    task: str = "tiny",
+    task: str = "tiny", from_scratch: bool = False,
 ) -> Path:
     """Build (or find cached) a tiny task family (pcl.tiny.tasks: "tiny", "tiny-carry"), its tokenizer and
     warm-started policy; returns its directory.
 
     `steps` (the most warm-up steps), `target_pass_rate` and `probe_from` default to the task family's, the
     other probe settings and `measure_prompts` to the real build's; tests pass smaller values.
-    `target_pass_rate=None` trains all `steps` without probing.
+    `target_pass_rate=None` trains all `steps` without probing. A build with the settings of a policy shipped
+    in the package (pcl.tiny.shipped) installs its weights instead of warming up, unless `from_scratch`.
     """
     family = tiny_task(task)
     steps = family.warmup_steps if steps is None else steps
@@ -343,8 +345,12 @@ def build_tiny(
     _remove_stale_staging(target)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
     try:
-        _build_into(staging, seed, steps, measure_prompts, log, target_pass_rate, probe_from, probe_every, verbose,
-                    family)
+        shipped = None if from_scratch else shipped_record(family.name, seed)
+        if shipped is not None and shipped["marker"] == wanted:
+            _install_into(staging, seed, family, shipped, log)
+        else:
+            _build_into(staging, seed, steps, measure_prompts, log, target_pass_rate, probe_from, probe_every,
+                        verbose, family)
         (staging / MARKER).write_text(json.dumps(wanted) + "\n")  # last: the build is complete
         staging.chmod(0o755)  # mkdtemp's 0700 would hide a shared cache from other users
         recorded = _marker(target)
@@ -423,6 +429,38 @@ def _loss_figures(losses: list[float]) -> dict:
     }
 
 
+def _write_task_files(out: Path, seed: int, family: TinyTask) -> tuple[object, list[dict]]:
+    """The tokenizer and the task's splits (cheap and deterministic); returns the tokenizer and the train rows."""
+    tokenizer = build_tokenizer(family.symbols, family.max_positions)
+    tokenizer.save_pretrained(out)
+    train_rows = family.train_rows(TRAIN_SIZE, seed)
+    _write_jsonl(out / "train.jsonl", train_rows)
+    _write_jsonl(out / "eval.jsonl", family.eval_rows(EVAL_SIZE, seed))
+    return tokenizer, train_rows
+
+
+def _install_into(out: Path, seed: int, family: TinyTask, record: dict, log: Callable[[str], None]) -> None:
+    """All of a build's files but the marker, with the shipped policy's weights (pcl.tiny.shipped) in place of
+    the warm-up; report.json is the shipped build's, saying so."""
+    from transformers import Qwen3ForCausalLM
+
+    weights, _ = shipped_paths(family.name, seed)
+    log(f"installing the shipped tiny policy {family.name!r} (seed {seed}, {weights.name}; "
+        f"`pcl make-tiny --from-scratch` trains it instead)")
+    tokenizer, _ = _write_task_files(out, seed, family)
+    model = Qwen3ForCausalLM(policy_config(tokenizer, family.max_positions))
+    missing, unexpected = model.load_state_dict(load_shipped_weights(family.name, seed, record), strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:  # the head is tied to the embedding: not in the file
+        raise ValueError(f"{weights}: does not fit the tiny policy (missing {missing}, unexpected {unexpected})")
+    model.tie_weights()
+    model.generation_config = _generation_config(tokenizer)
+    _save_quietly(model.eval(), out)
+    report = {**record["report"], "installed_from": f"pcl/tiny/shipped/{weights.name}",
+              "built_on": record["machine"]}
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    log(format_report(report) + f"\n(the report of the shipped build, made on {record['machine']['cpu'] or '?'})")
+
+
 def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Callable[[str], None],
                 target_pass_rate: float | None, probe_from: int, probe_every: int, verbose: bool = False,
                 family: TinyTask = ARITH) -> None:
@@ -432,13 +470,9 @@ def _build_into(out: Path, seed: int, steps: int, measure_prompts: int, log: Cal
     started, cpu_started = time.perf_counter(), time.process_time()
     log(f"building the tiny task {family.name!r} and its policy (seed {seed}, up to {steps} warm-up steps, "
         f"{BUILD_THREADS} thread)")
-    tokenizer = build_tokenizer(family.symbols, family.max_positions)
-    tokenizer.save_pretrained(out)
+    tokenizer, train_rows = _write_task_files(out, seed, family)
     decay_steps = min(steps, family.decay_steps)
-    train_rows = family.train_rows(TRAIN_SIZE, seed)
     warmup_rows = family.warmup_rows(max(TRAIN_SIZE, decay_steps * WARMUP_BATCH), seed)
-    _write_jsonl(out / "train.jsonl", train_rows)
-    _write_jsonl(out / "eval.jsonl", family.eval_rows(EVAL_SIZE, seed))
     with deterministic_cpu(BUILD_THREADS):
         torch.manual_seed(seed)
         model = Qwen3ForCausalLM(policy_config(tokenizer, family.max_positions))

@@ -228,7 +228,8 @@ def test_bad_build_arguments_are_named(tmp_path):
 def test_full_build_spreads_pass_rates(tmp_path):
     """The real build: at least 30% of prompts with 0.1 <= p <= 0.9 and a mean pass rate in [0.2, 0.7]; the
     warm-up stops once a probe reaches the target, or runs all its steps."""
-    report = json.loads((build_tiny(seed=0, out_dir=tmp_path / "tiny") / "report.json").read_text())
+    built = build_tiny(seed=0, out_dir=tmp_path / "tiny", from_scratch=True)
+    report = json.loads((built / "report.json").read_text())
     probes = report["probes"]
     assert probes and all(p["pass_rate"] < build.TARGET_PASS_RATE for p in probes[:-1])
     if report["warmup_steps_taken"] < report["warmup_steps"]:
