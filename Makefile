@@ -4,6 +4,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-run
 RUN_DIR ?= runs/demo
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -n)
 
@@ -12,13 +13,19 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo -n)
 # Setup is quiet: each step's output goes to $(VENV)/install.log, and is shown only when the step fails.
 QUIET = >>$(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; echo "make: setup failed (log: $(VENV)/install.log)"; exit 1; }
 
-$(STAMP): pyproject.toml
-	@echo "make: setting up $(VENV) (a few minutes the first time; log in $(VENV)/install.log)"
+# Two stages: what a run needs (the demo), then what the tests add (their tools, vLLM's CPU build, the trackers).
+$(DEMO_STAMP): pyproject.toml
+	@echo "make: setting up $(VENV) for a run (1-2 minutes the first time; log in $(VENV)/install.log)"
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@: > $(VENV)/install.log
 	@$(BIN)/python -m pip install --quiet --upgrade pip $(QUIET)
 	@# CPU torch where there is no GPU: the pinned CPU build, before anything can pull a CUDA build.
 	@if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/python -m pip install --quiet torch==2.13.0; fi $(QUIET)
+	@$(BIN)/python -m pip install --quiet -e . $(QUIET)
+	@touch $(DEMO_STAMP)
+
+$(STAMP): $(DEMO_STAMP)
+	@echo "make: adding the test tools to $(VENV) (a few minutes the first time; log in $(VENV)/install.log)"
 	@$(BIN)/python -m pip install --quiet -e '.[test]' $(QUIET)
 	@# vLLM's CPU build where there is no GPU (same `vllm` API as the `gpu` extra's vllm==0.32.0; it pins
 	@# torch==2.13.0+cpu, the build above). It drags in torchvision/torchaudio/torchcodec built for another
@@ -30,9 +37,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The embedded default: PCL on the tiny-carry task (built on first use, ~4-7 minutes), stopped by its 540 s budget.
-demo: $(STAMP)
-	$(BIN)/pcl train configs/tiny-carry.yaml --run-dir $(RUN_DIR)
+# The embedded default: PCL on the tiny-carry task with its shipped policy (pcl/tiny/shipped), stopped after
+# DEMO_TRAIN_S seconds of training, then evaluated once more (the held-out curve has risen by then; the config's
+# own 540 s budget runs the longer curve). Under 10 minutes on a fresh 2-core machine, install included.
+DEMO_TRAIN_S ?= 270
+demo: $(DEMO_STAMP)
+	$(BIN)/pcl train configs/tiny-carry.yaml --run-dir $(RUN_DIR) run.train_budget_s=$(DEMO_TRAIN_S)
 
 test: $(STAMP) test-tools
 	$(BIN)/python -m pytest -m "not slow" -q  # gpu tests run where a GPU is, else skip with the reason

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from entrypoints.guide import next_steps, training_plan
 from pcl.config import Config, ConfigError, dump_config, redacted
 from pcl.loop.runlog import METRICS_FILE, read_metrics
 
@@ -173,7 +174,7 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[-1][:200] if text else ''}"
 
 
-def finish_run(run_dir: Path, summary: dict, trackers, control) -> None:
+def finish_run(cfg: Config, run_dir: Path, summary: dict, trackers, control) -> None:
     """The end of a finished run: summary.json, the trackers' last events and summary, and the report printed
     (the same as `pcl summary RUN_DIR`)."""
     from pcl.loop.runlog import summarize, summary_report
@@ -184,6 +185,7 @@ def finish_run(run_dir: Path, summary: dict, trackers, control) -> None:
                      "total_seconds": summary["total_seconds"]})
     print(f"pcl: done: {summary['steps']} steps in {summary['total_seconds']:.0f}s\n" + summary_report([run_dir]),
           flush=True)
+    print(next_steps(cfg, run_dir), flush=True)
 
 
 def announce(cfg: Config, prep: Prepared) -> None:
@@ -299,7 +301,7 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
             fleet = start_fleet(cfg, prep, redis.url)
             try:
                 start_from(cfg, prep.run_dir, fleet, checkpoint)
-                print(f"pcl: actors up in {time.perf_counter() - started:.1f}s; training", flush=True)
+                print(f"pcl: actors up in {time.perf_counter() - started:.1f}s; {training_plan(cfg)}", flush=True)
                 summary = follow(fleet.coordinator.run.remote(), prep.run_dir, cfg.run.steps, stream=console,
                                  seen=steps_logged(prep.run_dir), on_record=trackers.commit,
                                  on_poll=lambda: (keep_redis(), trackers.relay(control.store)))
@@ -313,7 +315,7 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
                 fleet = None
         summary.update(restarts=restarts, redis_restarts=keep_redis.restarts,
                        total_seconds=time.perf_counter() - started)
-        finish_run(prep.run_dir, summary, trackers, control)
+        finish_run(cfg, prep.run_dir, summary, trackers, control)
         return 0
     except BaseException as exc:
         trackers.close(failed=True)
