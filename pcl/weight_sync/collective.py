@@ -9,14 +9,20 @@ processes.
 
     # sender (learner rank 0)                      # each receiver (inside a vLLM worker)
     group = WeightGroup.open(addr, port, 0, W)     group = WeightGroup.open(addr, port, rank, W)
-    group.broadcast(state_dict, BUCKET)            for bucket in group.receive(): load(bucket)
+    group.broadcast(stream, BUCKET, specs=specs)   for bucket in group.receive(aliases): load(bucket)
 
 Tensors travel bucket by bucket: each bucket is one flat byte buffer of at most about `bucket_bytes` (a
-tensor larger than that gets its own), so a sync moves few large messages. Two buckets are in flight at most:
-the sender packs bucket k + 1 while bucket k is on the wire, and a receiver takes bucket k + 1 into a second
-buffer while its caller loads bucket k, so the transfer overlaps vLLM's load. A sync opens with a header, the
-JSON list of (name, dtype, shape) and the bucket size (bounded to MAX_HEADER_BYTES, dtypes checked against a
-fixed set, nothing unpickled), from which the receivers derive the same buckets. A group that cannot form within `timeout_s` raises `WeightSyncError` naming the address.
+tensor larger than that gets its own, sent from its own memory without a copy), so a sync moves few large
+messages. The sender takes the tensors from any iterable of (name, tensor): given their `specs` up front (a
+learner knows its weights' names, dtypes and shapes without gathering them), it pulls each tensor only when
+it packs that tensor's bucket, on the tensors' device, so the whole state never exists at once. Two buckets
+are in flight at most: the sender packs bucket k + 1 while bucket k is on the wire, and a receiver takes
+bucket k + 1 into a second buffer while its caller loads bucket k, so the transfer overlaps vLLM's load. A
+sync opens with a header, the JSON list of (name, dtype, shape) and the bucket size (bounded to
+MAX_HEADER_BYTES, dtypes checked against a fixed set, nothing unpickled), from which the receivers derive the
+same buckets. A name the sender leaves out because the receiver's model ties it to another (vLLM's tied
+`lm_head.weight`) is handed to the receiver's caller with the tensor of the name it is tied to (`aliases`).
+A group that cannot form within `timeout_s` raises `WeightSyncError` naming the address.
 
 The group's life: rank 0 hosts the rendezvous on a socket it holds bound from the moment its address is handed out
 (`reserve_port`; no bind-then-close race for the port); the barrier that proves the group formed names the device
@@ -126,19 +132,24 @@ class WeightGroup:
         return cls(group, store, rank, world_size, device, address, timeout_s)
 
     def broadcast(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
-                  bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> int:
-        """Rank 0: send the tensors (in the order of their `tensor_specs`); returns the bytes sent. The next
-        bucket is packed while the current one is on the wire (two in flight at most). A tied lm_head.weight is
-        sent too: vLLM's layer-wise reload keeps the weights of a layer an update leaves out, and its CPU build
-        keeps a repacked copy of the head (measured: without it the head kept the old weights)."""
-        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
-        specs = tensor_specs(items)
+                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, specs: list[TensorSpec] | None = None) -> int:
+        """Rank 0: send the tensors; returns the bytes sent. Without `specs` they are listed first to read them;
+        with `specs` (their `tensor_specs`, known before they exist) the iterable is read lazily, one bucket at a
+        time, and each tensor must match its spec (else the group is aborted). The next bucket is packed while the
+        current one is on the wire (two in flight at most)."""
+        if specs is None:
+            named_tensors = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+            specs = tensor_specs(named_tensors)
+        source = iter(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         header = torch.frombuffer(bytearray(json.dumps([specs, bucket_bytes]).encode()), dtype=torch.uint8)
         self._broadcast(torch.tensor([header.numel()], dtype=torch.int64, device=self.device))
         self._broadcast(header.to(self.device))
         sent, in_flight = 0, deque()
         for bucket in plan_buckets(specs, bucket_bytes):
-            flat = torch.cat([_as_bytes(items[i][1].detach().to(self.device)) for i in bucket])
+            tensors = [self._pull(source, specs[i]) for i in bucket]
+            # One tensor is sent from its own memory; several are packed into one buffer on their device.
+            flat = _as_bytes(tensors[0]) if len(tensors) == 1 else torch.cat([_as_bytes(t) for t in tensors])
+            del tensors
             in_flight.append(self._start(flat))
             sent += flat.numel()
             if len(in_flight) > 1:
@@ -147,10 +158,25 @@ class WeightGroup:
             self._finish(in_flight.popleft())
         return sent
 
-    def receive(self) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    def _pull(self, source: Iterator[tuple[str, torch.Tensor]], spec: TensorSpec) -> torch.Tensor:
+        """The next tensor of `source`, on the group's device, checked against the spec the header declared."""
+        name, tensor = next(source, (None, None))
+        got = None if tensor is None else (name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+        if got != spec:
+            self.abort()  # the receivers expect the declared bytes: fail them now rather than at their timeout
+            found = "nothing" if got is None else f"{got[0]!r} {got[1]} {got[2]}"
+            raise WeightSyncError(f"weight-sync broadcast on the group at {self.address}: the source gave {found}, "
+                                  f"the header declared {spec[0]!r} {spec[1]} {spec[2]} (group aborted)")
+        return tensor.detach().to(self.device)
+
+    def receive(self, aliases: Mapping[str, str] | None = None) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """Ranks > 0: the broadcast tensors, one list of (name, tensor) per bucket, as they arrive. While the
-        caller holds bucket k (loading it), bucket k + 1 is being received into a second buffer."""
+        caller holds bucket k (loading it), bucket k + 1 is being received into a second buffer. `aliases`
+        {name: the name it is tied to}: a name the header leaves out whose tied name it carries follows that
+        name in its bucket, with the same tensor."""
         specs, bucket_bytes = self._receive_header()
+        sent = {spec[0] for spec in specs}
+        followers = {tied: name for name, tied in (aliases or {}).items() if name not in sent and tied in sent}
         buckets = plan_buckets(specs, bucket_bytes)
         pending = self._start_receive(specs, buckets[0]) if buckets else None
         for k, bucket in enumerate(buckets):
@@ -161,6 +187,8 @@ class WeightGroup:
                 name, dtype, shape = specs[i]
                 size = _nbytes(specs[i])
                 out.append((name, flat[offset:offset + size].view(getattr(torch, dtype)).view(shape)))
+                if name in followers:
+                    out.append((followers[name], out[-1][1]))
                 offset += size
             yield out
 

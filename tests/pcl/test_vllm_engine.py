@@ -217,6 +217,65 @@ def test_collective_route_broadcasts_the_weights_into_vllm(engine, checkpoint, p
     assert_on_policy(rigged, prompts, engine.generate(prompts, SamplingParams(n=2, max_new_tokens=5, seed=2)))
 
 
+def send_collective(engine, state: dict, version: int) -> int:
+    """Learner rank 0 (a thread here) broadcasts `state` into the engine over a fresh gloo group; returns the bytes
+    sent."""
+    from pcl.weight_sync.collective import WeightGroup
+
+    port, sender = free_port(), {}
+
+    def learner_rank0() -> None:
+        group = WeightGroup.open("127.0.0.1", port, 0, 2, "gloo", timeout_s=60)
+        sender["bytes"] = group.broadcast(state, bucket_bytes=32 << 10)
+        group.close()
+
+    thread = threading.Thread(target=learner_rank0)
+    thread.start()
+    engine.join_weight_group("127.0.0.1", port, 1, 2, "gloo", timeout_s=60)
+    engine.receive_weights(version=version)
+    thread.join(30)
+    return sender["bytes"]
+
+
+def test_the_engine_ties_its_head_to_the_embedding(engine):
+    """vLLM's Qwen3 with tie_word_embeddings shares one tensor between lm_head and the embedding after load."""
+    assert engine.tied_weights() == {"lm_head.weight": "model.embed_tokens.weight"}
+
+
+def test_a_collective_sync_without_the_tied_head_leaves_the_heads_logits_following_the_embedding(
+        engine, checkpoint, prompts, original_weights):
+    """The sender leaves out what the engine ties (its head's bytes do not travel); vLLM's logits are then those
+    of the sent weights with the head equal to the new embedding: every sample is the EOS the rigged embedding
+    forces through the head, and the log-probabilities equal the learner's."""
+    state = eos_rigged(checkpoint[1].state_dict())
+    skip = engine.tied_weights()
+    sent = send_collective(engine, {name: t for name, t in state.items() if name not in skip}, version=8)
+    head = state["lm_head.weight"]
+    assert sent == sum(t.numel() * t.element_size() for t in state.values()) - head.numel() * head.element_size()
+    assert engine.policy_version == 8
+    for group in engine.generate(prompts, SamplingParams(n=2, max_new_tokens=5, seed=1)):
+        assert all(g.token_ids == [TINY_EOS_ID] for g in group)
+    rigged = tiny_checkpoint(checkpoint[0].parent / "rigged-tied", seed=0)
+    rigged.load_state_dict(state)
+    assert_on_policy(rigged, prompts, engine.generate(prompts, SamplingParams(n=2, max_new_tokens=5, seed=2)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU build's repacked head; vLLM runs in-process on CPU")
+def test_without_the_receivers_tie_a_head_left_out_keeps_its_old_weights(engine, checkpoint, prompts,
+                                                                          original_weights, monkeypatch):
+    """Why the receiver loads the embedding under the head's name: vLLM's layer-wise reload re-processes only the
+    layers it is given weights for, and the CPU build's head computes from its own repacked copy, so a receiver
+    unaware of the tie serves the old head (the samples are not the EOS the new embedding forces)."""
+    import pcl.engines.vllm as vllm_engine
+
+    state = eos_rigged(checkpoint[1].state_dict())
+    monkeypatch.setattr(vllm_engine, "tied_aliases", lambda model: {})  # a receiver that ignores the tie
+    send_collective(engine, {name: t for name, t in state.items() if name != "lm_head.weight"}, version=9)
+    tokens = [g.token_ids for group in engine.generate(prompts, SamplingParams(n=2, max_new_tokens=5, seed=1))
+              for g in group]
+    assert any(t != [TINY_EOS_ID] for t in tokens)
+
+
 def test_a_weight_group_that_cannot_form_times_out_naming_the_address(engine):
     from pcl.weight_sync.collective import WeightSyncError
 

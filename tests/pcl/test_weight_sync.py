@@ -176,3 +176,101 @@ def test_the_barrier_names_the_device():
     assert list(_barrier_options(torch.device("cuda:3"), timedelta(seconds=5)).device_ids) == [3]
     assert _barrier_options(torch.device("cpu"), timedelta(seconds=5)).timeout == timedelta(seconds=5)
 
+
+
+def test_a_lazy_source_is_sent_bucket_by_bucket_never_held_whole():
+    """With the tensors' specs given up front, the sender pulls tensors from the iterable as it packs each bucket:
+    while a tensor is being produced, at most the buckets in flight (two) and the one being packed are alive, not
+    the whole state (a learner's streaming gather yields each full tensor once)."""
+    import gc
+    import weakref
+
+    state = {f"w{i}": torch.full((256,), float(i)) for i in range(12)}  # 1 KiB each, one a bucket
+    alive, most_alive, received, port = [], [0], {}, free_port()
+
+    def source():
+        for name, tensor in state.items():
+            gc.collect()
+            alive[:] = [ref for ref in alive if ref() is not None]
+            most_alive[0] = max(most_alive[0], len(alive))
+            produced = tensor.clone()  # a fresh tensor, as a gather makes
+            alive.append(weakref.ref(produced))
+            yield name, produced
+
+    def receiver() -> None:
+        group = WeightGroup.open("127.0.0.1", port, 1, 2, "gloo", timeout_s=30)
+        received.update((name, t.clone()) for bucket in group.receive() for name, t in bucket)
+
+    thread = threading.Thread(target=receiver)
+    thread.start()
+    sender = WeightGroup.open("127.0.0.1", port, 0, 2, "gloo", timeout_s=30)
+    sent = sender.broadcast(source(), bucket_bytes=1024, specs=tensor_specs(state))
+    thread.join(30)
+    assert sent == 12 * 1024 and list(received) == list(state)
+    assert all(torch.equal(received[name], tensor) for name, tensor in state.items())
+    assert most_alive[0] <= 3, f"{most_alive[0]} produced tensors alive at once: the source was read ahead"
+
+
+def test_a_source_that_disagrees_with_its_specs_aborts_the_group_and_the_receiver_is_told():
+    port, errors = free_port(), []
+    specs = [("a", "float32", (4,)), ("b", "float32", (4,))]
+
+    def receiver() -> None:
+        group = WeightGroup.open("127.0.0.1", port, 1, 2, "gloo", timeout_s=5)
+        try:
+            list(group.receive())
+        except WeightSyncError as exc:
+            errors.append(str(exc))
+
+    thread = threading.Thread(target=receiver)
+    thread.start()
+    sender = WeightGroup.open("127.0.0.1", port, 0, 2, "gloo", timeout_s=5)
+    with pytest.raises(WeightSyncError, match=r"'c' float32 \(4,\), the header declared 'b' float32 \(4,\)"):
+        sender.broadcast(iter([("a", torch.zeros(4)), ("c", torch.zeros(4))]), bucket_bytes=16, specs=specs)
+    assert sender.group is None  # aborted: the receivers are not left waiting for a bucket that never comes
+    thread.join(30)
+    assert errors, "the receiver was not told"
+
+
+def test_a_tied_name_the_sender_left_out_is_received_as_the_tensor_it_is_tied_to():
+    """The sender skips lm_head.weight (the engine ties it to the embedding); a receiver that names the tie gets the
+    embedding's tensor under both names, in the same bucket, without its bytes travelling twice."""
+    state = {"model.embed_tokens.weight": torch.randn(8, 4), "model.norm.weight": torch.ones(4)}
+    port, received = free_port(), {}
+    aliases = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def receiver() -> None:
+        group = WeightGroup.open("127.0.0.1", port, 1, 2, "gloo", timeout_s=30)
+        for bucket in group.receive(aliases=aliases):
+            received.update((name, tensor.clone()) for name, tensor in bucket)
+
+    thread = threading.Thread(target=receiver)
+    thread.start()
+    sender = WeightGroup.open("127.0.0.1", port, 0, 2, "gloo", timeout_s=30)
+    sent = sender.broadcast(state, bucket_bytes=16)
+    thread.join(30)
+    assert sent == (8 * 4 + 4) * 4  # the head's bytes did not travel
+    assert list(received) == ["model.embed_tokens.weight", "lm_head.weight", "model.norm.weight"]
+    assert torch.equal(received["lm_head.weight"], state["model.embed_tokens.weight"])
+
+
+def test_a_tie_is_read_from_the_model_that_shares_the_tensor():
+    """`tied_aliases`: names whose parameter is another name's very tensor (vLLM's tied lm_head), first name first;
+    equal values in separate tensors are not a tie."""
+    from pcl.engines.vllm import tied_aliases
+
+    tied = torch.nn.Module()
+    tied.embed = torch.nn.Embedding(8, 4)
+    tied.head = torch.nn.Linear(4, 8, bias=False)
+    tied.head.weight = tied.embed.weight
+    assert tied_aliases(tied) == {"head.weight": "embed.weight"}
+    untied = torch.nn.Module()
+    untied.embed = torch.nn.Embedding(8, 4)
+    untied.head = torch.nn.Linear(4, 8, bias=False)
+    with torch.no_grad():
+        untied.head.weight.copy_(untied.embed.weight)
+    assert tied_aliases(untied) == {}
+    assert tied_aliases(tied.to("meta")) == {}  # nothing to share on the meta device (a reload in progress)
+    emptied = torch.nn.Module()  # vLLM's CPU build empties the weights of the linear layers it repacked
+    emptied.a, emptied.b = torch.nn.Parameter(torch.empty(0)), torch.nn.Parameter(torch.empty(0))
+    assert tied_aliases(emptied) == {}
