@@ -9,6 +9,7 @@ call below is collective (all ranks call it, in the same order):
                             activation_checkpointing=True)      # cfg.optimizer or an AdamWSettings
     stats = learner.train_step(my_share, num_sequences=m * n)   # {loss, grad_norm, num_tokens, seconds, ...}
     weights = learner.full_state_dict()                         # rank 0: full CPU tensors; others: {}
+    for name, tensor in learner.stream_weights(256 << 20):     # rank 0: full tensors on its device, as gathered
 
 Sharding: `fully_shard` (FSDP2) on every decoder layer, then on the root (embeddings, final norm, head).
 It runs on CPU with gloo through a CPU device mesh (`init_device_mesh("cpu", ...)`), and on GPU with NCCL.
@@ -30,11 +31,13 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Collection, Iterator
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
 
+from pcl.models.full_weights import stream_weights, weight_specs
 from pcl.models.micro_batches import (MicroBatch, check_sequences, collate_micro_batch, dummy_micro_batch, length,
                                       pack_micro_batches, split_micro_batches)
 from pcl.models.policy_forward import checkpoint_layers, decoder_layers, install_logprob_forward
@@ -223,46 +226,20 @@ class PolicyLearner:
         return total_norm(norm)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The policy's full weights (HF names, CPU, in `dtype`) on rank 0; {} on the other ranks.
+        """The policy's full weights (HF names, CPU, in `dtype`) on rank 0; {} on the other ranks: for checkpoints,
+        exports and the rpc route. One gather of all shards (per-tensor collectives cost ~1 ms each)."""
+        full = {name: tensor.cpu() for name, tensor in self.stream_weights(math.inf)}
+        return self._unshared(full) if self.rank == 0 else {}
 
-        One gather of all shards packed in a single buffer rather than one collective per tensor: the
-        weight sync of every step goes through here, and per-tensor collectives cost ~1 ms each.
-        """
-        from torch.distributed.tensor import DTensor, Shard
+    def weight_specs(self, skip: Collection[str] = ()) -> list[tuple[str, str, tuple[int, ...]]]:
+        """(name, dtype, shape) of what `stream_weights(..., skip)` yields, in order; no collective."""
+        return weight_specs(self.model, self.dtype, skip)
 
-        state = self.model.state_dict()
-        sharded = {k: v for k, v in state.items() if isinstance(v, DTensor)}
-        if any(v.placements != (Shard(0),) for v in sharded.values()):  # not FSDP2's layout: the generic path
-            return self._gathered_state_dict()
-        # FSDP2 shards dim 0 in torch.chunk pieces of ceil(rows / world) rows; pad every rank's piece to that.
-        rows = {k: -(-v.shape[0] // self.world_size) for k, v in sharded.items()}
-        width = {k: rows[k] * math.prod(v.shape[1:]) for k, v in sharded.items()}
-        buffer = torch.zeros(sum(width.values()), dtype=self.dtype, device=self.device)
-        offset = 0
-        for k, v in sharded.items():
-            local = v.to_local().detach().reshape(-1).to(self.dtype)
-            buffer[offset:offset + local.numel()] = local
-            offset += width[k]
-        parts = [torch.empty_like(buffer) for _ in range(self.world_size)] if self.rank == 0 else None
-        dist.gather(buffer, parts, dst=0)
-        if self.rank != 0:
-            return {}
-        full, offset = {}, 0
-        for k, v in sharded.items():
-            pieces = [part[offset:offset + width[k]].view(rows[k], *v.shape[1:]) for part in parts]
-            full[k] = torch.cat(pieces)[:v.shape[0]].cpu()
-            offset += width[k]
-        for k, v in state.items():
-            if k not in full:  # replicated entries (buffers)
-                full[k] = v.detach().to(self.dtype).cpu()
-        return self._unshared({k: full[k] for k in state})
-
-    def _gathered_state_dict(self) -> dict[str, torch.Tensor]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        full = get_model_state_dict(self.model, options=options)
-        return self._unshared({k: v.to(self.dtype) for k, v in full.items()}) if self.rank == 0 else {}
+    def stream_weights(self, group_bytes: float, skip: Collection[str] = ()) -> Iterator[tuple[str, torch.Tensor]]:
+        """The full weights in `dtype` on this rank's device, gathered about `group_bytes` at a time and yielded on
+        rank 0 one tensor at a time (nothing on the others); every rank must iterate it to its end
+        (`pcl.models.full_weights`: the collective weight sync sends them as they come)."""
+        return stream_weights(self.model, self.dtype, group_bytes, skip)
 
     def save_pretrained(self, path: str) -> None:
         """Write the policy in Hugging Face format (rank 0 writes; all ranks join the gather)."""
