@@ -152,7 +152,7 @@ def check_scale(tmp: Path, device: str, small: bool, sizes: tuple, peak: float |
 
 
 def check_engine(path: Path, device: str, dtype: str, sizes: tuple) -> tuple[dict, object]:
-    from pcl.engines.base import SamplingParams
+    from pcl.engines import SamplingParams
     from pcl.engines.hf import HFEngine
 
     prompts, n, prompt_len, new_tokens = sizes

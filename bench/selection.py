@@ -80,7 +80,7 @@ def median_seconds(fn, repeats: int, long_s: float = math.inf) -> float:
 def accuracy(args, cfg, inputs, prompts, m: int) -> tuple[float, int]:
     """(V's explained variance, j*) on the tiny task: V trained as PCL trains it, then compared with j-rollout
     estimates against a 32-rollout reference on held-out prompts."""
-    from pcl.engines.base import SamplingParams
+    from pcl.engines import SamplingParams
     from pcl.engines.hf import HFEngine
     from pcl.models.value import ValueModel, ValueTrainer
 
@@ -153,7 +153,7 @@ def cost_curve(args, tokenizer, prompts, j_fair: int) -> list[tuple[int, int, fl
     """(L, C, V seconds, 3-rollout seconds, j*-rollout seconds) per length, on the wide timing model."""
     import torch
 
-    from pcl.engines.base import SamplingParams
+    from pcl.engines import SamplingParams
     from pcl.strategies.selection import select_closest
     from pcl.models.value import ValueModel, ValueTrainer
 

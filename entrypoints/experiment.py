@@ -150,8 +150,7 @@ def reference_cache(exp: ExperimentConfig, cfg, seed: int) -> Path:
 
 def measure_reference(cfg, policy_path: str, prompts: list, n_pre: int, chunk: int = 256) -> dict[str, float]:
     """Mean verified reward of n_pre samples of each prompt from the initial policy (one process, HF engine)."""
-    from pcl.engines import make_engine
-    from pcl.engines.base import SamplingParams
+    from pcl.engines import SamplingParams, make_engine
     from pcl.progress import Progress
     from pcl.reward.verdict import response_reward
 

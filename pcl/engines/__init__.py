@@ -3,16 +3,28 @@
     engine = make_engine(cfg.rollout, model_path, seed=cfg.run.seed, dtype=cfg.model.dtype)
     groups = engine.generate(prompt_token_ids, SamplingParams.from_rollout_config(cfg.rollout, n=cfg.run.n))
 
-The engine modules import transformers / vllm lazily, so importing this package is cheap.
+The engine modules import transformers / vllm lazily, and the interface (`pcl.engines.base`, which needs torch)
+is loaded on first use of its names, so importing this package, or its request types (`pcl.engines.request`:
+what the streams carry), is cheap.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pcl.engines.base import Engine, FinishReason, Generation, NamedTensors, SamplingParams
+from pcl.engines.request import RolloutRequest, SamplingParams
 
-__all__ = ["Engine", "FinishReason", "Generation", "NamedTensors", "SamplingParams", "make_engine", "max_model_len"]
+__all__ = ["Engine", "FinishReason", "Generation", "NamedTensors", "RolloutRequest", "SamplingParams", "make_engine",
+           "max_model_len"]
+_INTERFACE = ("Engine", "FinishReason", "Generation", "NamedTensors")  # pcl.engines.base's, loaded when first used
+
+
+def __getattr__(name: str) -> Any:
+    if name in _INTERFACE:
+        from pcl.engines import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module 'pcl.engines' has no attribute {name!r}")
 
 
 def max_model_len(cfg) -> int:

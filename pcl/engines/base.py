@@ -1,4 +1,5 @@
-"""The generation-engine interface: sampling parameters in, `Generation` records out.
+"""The generation-engine interface: sampling parameters (`pcl.engines.request.SamplingParams`) in, `Generation`
+records out.
 
 Both engines (Hugging Face transformers for CPU/tests, vLLM for GPU production) implement `Engine`, so
 the rollout worker never knows which one it drives:
@@ -20,7 +21,6 @@ Conventions shared by every engine:
 from __future__ import annotations
 
 import abc
-import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, Union
@@ -28,58 +28,11 @@ from typing import Literal, Union
 import numpy as np
 import torch
 
+from pcl.engines.request import SamplingParams
+
 FinishReason = Literal["stop", "length"]
 # A full or partial state dict, or a stream of (name, tensor) pairs (a learner can send one at a time).
 NamedTensors = Union[Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample: the same meaning in every engine.
-
-    temperature == 0 means greedy decoding; top_k == -1 (or 0) disables top-k; top_p == 1 disables
-    nucleus sampling. `seed` fixes the samples of one `generate` call; when None the HF engine derives a
-    seed from its own seed and a call counter (a freshly built engine with the same seed replays the same
-    calls identically) and vLLM samples unseeded (seeded requests cost it a kernel launch per sequence).
-    """
-
-    n: int = 1  # samples per prompt
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_new_tokens: int = 256  # response budget; a response that reaches it finishes with "length"
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.n, int) and self.n >= 1):
-            raise ValueError(f"SamplingParams.n: expected an integer >= 1, got {self.n!r}")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"SamplingParams.temperature: expected a finite value >= 0, "
-                             f"got {self.temperature!r}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingParams.top_p: expected 0 < top_p <= 1, got {self.top_p!r}")
-        if not (isinstance(self.top_k, int) and self.top_k >= -1):
-            raise ValueError(f"SamplingParams.top_k: expected -1 (off) or an integer >= 1, "
-                             f"got {self.top_k!r}")
-        if not (isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1):
-            raise ValueError(f"SamplingParams.max_new_tokens: expected an integer >= 1, "
-                             f"got {self.max_new_tokens!r}")
-        if self.seed is not None and not (isinstance(self.seed, int) and self.seed >= 0):
-            raise ValueError(f"SamplingParams.seed: expected None or an integer >= 0, got {self.seed!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    @property
-    def top_k_enabled(self) -> bool:
-        return self.top_k > 0
-
-    @classmethod
-    def from_rollout_config(cls, rollout_cfg, n: int, seed: int | None = None) -> "SamplingParams":
-        """Sampling parameters of a run (`pcl.config.RolloutConfig`) with n samples per prompt."""
-        return cls(n=n, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k,
-                   max_new_tokens=rollout_cfg.max_new_tokens, seed=seed)
 
 
 @dataclass

@@ -25,7 +25,6 @@ from pcl.engines.base import (
     Engine,
     Generation,
     NamedTensors,
-    SamplingParams,
     check_prompts,
     check_version,
     derive_seed,
@@ -34,6 +33,7 @@ from pcl.engines.base import (
     resolve_device,
     resolve_dtype,
 )
+from pcl.engines.request import SamplingParams
 
 
 class HFEngine(Engine):

@@ -44,12 +44,12 @@ from pcl.engines.base import (
     EngineDead,
     Generation,
     NamedTensors,
-    SamplingParams,
     check_prompts,
     check_version,
     derive_seed,
     iter_named_tensors,
 )
+from pcl.engines.request import SamplingParams
 
 WORKER_EXTENSION = f"{__name__}.WeightUpdateExtension"
 DEFAULT_UPDATE_CHUNK_BYTES = 512 << 20  # bounds the size of one RPC message and its CPU copy

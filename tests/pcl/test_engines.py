@@ -4,15 +4,17 @@ greedy and seeded determinism, top-k, in-place weight loading with versions, spe
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from pcl.config import RolloutConfig
-from pcl.engines import Engine, SamplingParams, make_engine
+from pcl.engines import Engine, RolloutRequest, SamplingParams, make_engine
 from pcl.engines.hf import HFEngine
 from pcl.engines.pinned import PinnedEngine
 from pcl.engines.vllm import pack_weights
@@ -221,6 +223,30 @@ def test_bad_prompts_and_params_name_the_input(engine):
     for field, value in bad:
         with pytest.raises(ValueError, match=f"SamplingParams.{field}"):
             SamplingParams(**{field: value})
+
+
+def test_a_rollout_request_names_its_bad_field():
+    sampling = SamplingParams(n=3, temperature=0.5)
+    request = RolloutRequest.of(SimpleNamespace(id="p", prompt_token_ids=[5, 6]), sampling, first_index=4)
+    assert request == RolloutRequest("p", (5, 6), sampling, 4) and request.n == 3 and request.indices == range(4, 7)
+    prompts = [SimpleNamespace(id="q", prompt_token_ids=(7,)), SimpleNamespace(id="r", prompt_token_ids=(8, 9))]
+    assert RolloutRequest.for_prompts(prompts, sampling) == [RolloutRequest("q", (7,), sampling),
+                                                            RolloutRequest("r", (8, 9), sampling)]
+    bad = [("prompt_id", 7), ("prompt_token_ids", ()), ("prompt_token_ids", [5, 6]), ("prompt_token_ids", (5, -1)),
+           ("prompt_token_ids", ("a",)), ("sampling", {"n": 2}), ("first_index", -1), ("first_index", True)]
+    for field, value in bad:
+        with pytest.raises(ValueError, match=f"RolloutRequest.{field}"):
+            RolloutRequest(**{"prompt_id": "p", "prompt_token_ids": (5, 6), "sampling": sampling, field: value})
+    with pytest.raises(ValueError, match="RolloutRequest.prompt_token_ids of prompt 'r'"):
+        RolloutRequest.of(SimpleNamespace(id="r", prompt_token_ids=None), sampling)  # loaded without a tokenizer
+
+
+def test_the_request_types_import_without_torch():
+    """The streams carry the engine's request types: importing them (and the wire records) loads no torch."""
+    code = ("import sys, pcl.engines, pcl.engines.request, services.streams.payloads; "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_batch_of_64_prompts_times_8_samples_is_fast(engine, prompts):

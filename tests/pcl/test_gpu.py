@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from pcl.engines.base import SamplingParams
+from pcl.engines import SamplingParams
 from pcl.engines.hf import HFEngine
 from pcl.models.value import ValueModel, ValueTrainer
 
