@@ -22,6 +22,7 @@ from actors.runtime import gather
 from actors.weight_sync import weight_sender
 import pcl.loop.checkpoint_store as ckpt
 from pcl.config import Config
+from pcl.engines.request import RolloutRequest
 
 log = logging.getLogger(__name__)
 
@@ -143,10 +144,9 @@ class StreamRollouts:
     def __init__(self, client, fleet: FleetLearner, timeout_s: float):
         self.client, self.fleet, self.timeout_s = client, fleet, timeout_s
 
-    def generate_rollouts(self, step: int, policy_version: int, rollouts: Sequence[tuple], temperature=None,
-                          tag: str = "", sampling: dict | None = None, on_progress=None) -> list:
-        return self.client.generate_rollouts(step, policy_version, list(rollouts), temperature, tag=tag,
-                                             on_wait=self.fleet.check_fleet, sampling=sampling,
+    def generate_rollouts(self, step: int, policy_version: int, requests: Sequence[RolloutRequest], tag: str = "",
+                          on_progress=None) -> list:
+        return self.client.generate_rollouts(step, policy_version, requests, tag=tag, on_wait=self.fleet.check_fleet,
                                              on_progress=on_progress)
 
     def counters(self) -> dict[str, int]:

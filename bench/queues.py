@@ -28,9 +28,9 @@ import numpy as np
 
 from bench import add_json_option, run, write_figures
 
+from pcl.engines import SamplingParams
 from services.streams.payloads import (
-    RewardNote, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, decode, encode, encode_entry,
-    pack_tokens,
+    RequestRecord, RewardNote, RewardRecord, RolloutResult, decode, encode, encode_entry, pack_tokens,
 )
 from services.streams.heap import keep_freed_heap
 from services.streams.collector import StepCollector
@@ -107,8 +107,8 @@ def verifier_worker(url: str, run: str, name: str, signals: Worker, max_in_fligh
 
 def run_step(coordinator: dict[str, WorkQueue], run: str, step: int, m: int, n: int) -> StepCollector:
     """Put m requests, collect the m*n rewards exactly once, commit (trim all three streams)."""
-    requests = [RolloutRequest(run, step, f"row-{step}-{i}", PROMPT, n, step, SamplingParams(max_new_tokens=4096))
-                for i in range(m)]
+    sampling = SamplingParams(n=n, max_new_tokens=4096)
+    requests = [RequestRecord(run, step, step, f"row-{step}-{i}", PROMPT, 0, sampling) for i in range(m)]
     collector = StepCollector(run, step, step, {(f"row-{step}-{i}", j) for i in range(m) for j in range(n)},
                               resolve=coordinator["rollout_results"].join)
     coordinator["rollout_requests"].put(requests)

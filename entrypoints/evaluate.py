@@ -49,12 +49,11 @@ def run_eval(cfg: Config, out: str | None = None) -> int:
     (default evals/<model name>). Bad input is a ConfigError naming it, before any model loads where it can be."""
     from pcl import benchmarks as ev
     from pcl.engines import make_engine
-    from pcl.engines.base import SamplingParams
     from pcl.reward.pool import RewardPool
 
     try:
         plan = ev.eval_plan(cfg)
-        SamplingParams(n=1, max_new_tokens=plan.max_new_tokens, **plan.sampling)  # bad decoding fails here
+        plan.sampling_params(1)  # bad decoding fails here
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     engine_name = cfg.rollout.engine

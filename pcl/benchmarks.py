@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from pcl.data.datasets import KNOWN
+from pcl.engines.request import SamplingParams
 
 SUITE = ("math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench")
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # a data checkout beside the repository
@@ -70,6 +71,10 @@ class EvalPlan:
     ks: dict[str, int]
     sampling: dict[str, float | int]  # temperature, top_p, top_k
     max_new_tokens: int
+
+    def sampling_params(self, n: int, seed: int | None = None) -> SamplingParams:
+        """The plan's decoding with n samples per prompt (a ValueError names a bad setting)."""
+        return SamplingParams(n=n, max_new_tokens=self.max_new_tokens, seed=seed, **self.sampling)
 
 
 def eval_plan(cfg) -> EvalPlan:
@@ -200,7 +205,6 @@ def evaluate(engine, pool, suite: dict[str, list], ks: dict[str, int], sampling:
     """
     from tqdm import tqdm
 
-    from pcl.engines.base import SamplingParams
     from pcl.reward.verdict import TRUNCATED_REWARD, is_truncated
 
     results = []

@@ -12,11 +12,14 @@ time: the run excludes it from `train_elapsed_seconds`.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from pcl.config import Config
 from pcl.data.prompts import PromptRecord
-from pcl.benchmarks import accuracy_with_se, avg_at_k, parse_k
+from pcl.benchmarks import accuracy_with_se, avg_at_k, eval_plan, parse_k
+from pcl.engines.request import RolloutRequest, SamplingParams
 from pcl.loop.ports import Rollouts
 from pcl.progress import reporter
 
@@ -62,9 +65,8 @@ class Evaluation:
         standard error over prompts: `eval_accuracy`, `eval_accuracy_se`."""
         if not self.held_out_prompts:
             return {"eval_accuracy": float("nan")}
-        n = self.cfg.run.eval_samples
-        samples = self.rollouts.generate_rollouts(step, policy_version, [(p, n, 0) for p in self.held_out_prompts],
-                                                  temperature=self.cfg.run.eval_temperature, tag="eval",
+        requests = RolloutRequest.for_prompts(self.held_out_prompts, self.held_out_sampling())
+        samples = self.rollouts.generate_rollouts(step, policy_version, requests, tag="eval",
                                                   on_progress=reporter(self.run_dir, "held-out evaluation"))
         rewards: dict[str, list[float]] = {}
         for sample in samples:
@@ -72,15 +74,19 @@ class Evaluation:
         accuracy, se = accuracy_with_se(list(rewards.values()))
         return {"eval_accuracy": accuracy, "eval_accuracy_se": se}
 
+    def held_out_sampling(self) -> SamplingParams:
+        """`run.eval_samples` samples per prompt with the rollout settings, at `run.eval_temperature` when set."""
+        run = self.cfg.run
+        sampling = SamplingParams.from_rollout_config(self.cfg.rollout, n=run.eval_samples)
+        return sampling if run.eval_temperature is None else replace(sampling, temperature=run.eval_temperature)
+
     def run_suite(self, step: int, policy_version: int) -> dict[str, float]:
         """avg@k of each benchmark as `suite_<name>`, and their mean as `suite_average`."""
-        ev = self.cfg.evaluation
-        ks = parse_k(dict(ev.k), list(self.suite))
-        sampling = {"top_p": ev.top_p, "top_k": ev.top_k, "max_new_tokens": ev.max_new_tokens}
+        ks, plan = parse_k(dict(self.cfg.evaluation.k), list(self.suite)), eval_plan(self.cfg)
         out = {}
         for name, prompts in self.suite.items():
-            samples = self.rollouts.generate_rollouts(step, policy_version, [(p, ks[name], 0) for p in prompts],
-                                                      temperature=ev.temperature, tag="suite", sampling=sampling,
+            requests = RolloutRequest.for_prompts(prompts, plan.sampling_params(ks[name]))  # `pcl eval`'s decoding
+            samples = self.rollouts.generate_rollouts(step, policy_version, requests, tag="suite",
                                                       on_progress=reporter(self.run_dir, f"evaluation {name}"))
             rewards: dict[str, list[float]] = {}
             for sample in samples:

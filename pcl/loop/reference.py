@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from pcl.engines.request import RolloutRequest, SamplingParams
 from pcl.loop.ports import Prompts, Rollouts
 from pcl.progress import reporter
 from pcl.data.reference_rates import REFERENCE_FILE, load_reference, pass_rates, save_reference
@@ -20,10 +22,10 @@ REFERENCE_CHUNK = 1024  # prompts per generation call of the reference pass
 
 
 def reference_pass_rates(rollouts: Rollouts, training_set: Prompts, run_dir: str, policy: str, n_pre: int,
-                         policy_version: int, timed=None) -> dict[str, float]:
+                         policy_version: int, sampling: SamplingParams, timed=None) -> dict[str, float]:
     """Prompt id -> the initial policy's pass rate: from the run directory's cache (any n_pre when `n_pre` is
-    0, nothing when there is none), else generated with n_pre rollouts each and cached; `timed("reference_seconds")`
-    (a step timer) times the generation."""
+    0, nothing when there is none), else generated with n_pre rollouts each, sampled as `sampling` says (the run's
+    rollout settings), and cached; `timed("reference_seconds")` (a step timer) times the generation."""
     path = Path(run_dir) / REFERENCE_FILE
     if not n_pre and not path.exists():
         return {}
@@ -34,10 +36,10 @@ def reference_pass_rates(rollouts: Rollouts, training_set: Prompts, run_dir: str
     if policy_version != 0:
         raise RuntimeError(f"{path}: no reference pass rates for these prompts with n_pre={n_pre}, and "
                            f"the initial policy is gone (policy version {policy_version})")
-    rates, started = {}, time.time()
+    rates, started, sampling = {}, time.time(), replace(sampling, n=n_pre)
     with timed("reference_seconds") if timed is not None else contextlib.nullcontext():
         for start in range(0, len(prompts), REFERENCE_CHUNK):
-            chunk = [(p, n_pre, 0) for p in prompts[start:start + REFERENCE_CHUNK]]
+            chunk = RolloutRequest.for_prompts(prompts[start:start + REFERENCE_CHUNK], sampling)
             progress = reporter(run_dir, "reference pass rates", start * n_pre, len(prompts) * n_pre, started)
             rates.update(pass_rates(rollouts.generate_rollouts(0, 0, chunk, tag="reference", on_progress=progress)))
     save_reference(path, policy, prompts, n_pre, rates)

@@ -7,13 +7,13 @@ its prompt, so the records of two rounds never share an idempotency key (run, st
 policy version), and assembles the step's batch from all rounds:
 
     ledger = RoundLedger()
-    requests = ledger.reserve([(prompt, 4), (other, 8)])    # -> [(prompt, 4, 0), (other, 8, 0)]
+    requests = ledger.reserve([Rollout(prompt, 4), Rollout(other, 8)], sampling)  # RolloutRequests, indices 0..
     ledger.add(rollouts.generate_rollouts(step, version, requests))
-    ledger.reserve([(prompt, 12)])                           # -> [(prompt, 12, 4)]: indices 4..15
-    ledger.round_rewards(samples)                            # {prompt id: rewards of this round, by index}
-    ledger.samples_of(["p-1", "p-7"])                        # every sample of those prompts, all rounds
+    ledger.reserve([Rollout(prompt, 12)], sampling)   # -> [RolloutRequest(prompt, n=12, first_index=4)]: 4..15
+    ledger.round_rewards(samples)                     # {prompt id: rewards of this round, by index}
+    ledger.samples_of(["p-1", "p-7"])                 # every sample of those prompts, all rounds
 
-Estimation rollouts (`reserve([(prompt, 8, False)])`, the `probe` strategy's pass-rate estimates) are shown to
+Estimation rollouts (`Rollout(prompt, 8, train=False)`, the `probe` strategy's pass-rate estimates) are shown to
 the strategy but never trained on: their indices start at ESTIMATE_BASE, so they share no idempotency key with
 the prompt's trained samples (still 0 .. n-1), and `samples_of` leaves them out.
 """
@@ -21,10 +21,12 @@ the prompt's trained samples (still 0 .. n-1), and `samples_of` leaves them out.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from pcl.engines.request import RolloutRequest, SamplingParams
 from pcl.loop.batch import Sample
 
 ESTIMATE_BASE = 1 << 20  # first sample index of a prompt's estimation rollouts (never trained on)
@@ -39,15 +41,19 @@ class RoundLedger:
         self.generated = 0  # samples collected, all rounds (screening, probes and the batch)
         self.estimated = 0  # of those, estimation samples (not trained on)
 
-    def reserve(self, rollouts: Iterable[tuple]) -> list[tuple[object, int, int]]:
-        """(prompt, n) or (prompt, n, train) -> (prompt, n, first_index), first_index the prompt's next free
-        sample index; with train=False the next free estimation index (from ESTIMATE_BASE on)."""
-        out = []
-        for prompt, n, *train in rollouts:
-            counter, base = (self.next_index, 0) if not train or train[0] else (self.next_estimate, ESTIMATE_BASE)
+    def reserve(self, rollouts: Iterable, sampling: SamplingParams) -> list[RolloutRequest]:
+        """The requests of a round's rollouts (each a `pcl.strategies.base.Rollout`: prompt, n, train), sampled as
+        `sampling` says with the rollout's n: each from its prompt's next free sample index, or with train=False
+        its next free estimation index (from ESTIMATE_BASE on)."""
+        out, by_n = [], {}
+        for rollout in rollouts:
+            prompt, n = rollout.prompt, rollout.n
+            counter, base = (self.next_index, 0) if rollout.train else (self.next_estimate, ESTIMATE_BASE)
             first = counter[prompt.id]
             counter[prompt.id] = first + n
-            out.append((prompt, n, base + first))
+            if n not in by_n:
+                by_n[n] = replace(sampling, n=n)
+            out.append(RolloutRequest.of(prompt, by_n[n], base + first))
         return out
 
     def carry_in(self, samples: Sequence[Sample]) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 from pcl.loop.batch import group_samples, training_sequences
 from pcl.config import Config
 from pcl.data.prompts import PromptRecord
+from pcl.engines.request import SamplingParams
 from pcl.loop.ports import Clock, Learner, Prompts, Rollouts, Scorer, SystemClock
 from pcl.loop.reference import reference_pass_rates
 from pcl.loop.state import LoopState
@@ -38,7 +39,7 @@ from pcl.loop.resume import resume_strategy
 from pcl.rl import effective_ratio, explained_variance
 from pcl.loop.record import StepRecord, check_keys
 from pcl.loop.rounds import RoundLedger
-from pcl.strategies.base import Request, StepStrategy
+from pcl.strategies.base import Request, Rollout, StepStrategy
 
 
 class StepTimer(dict):
@@ -83,6 +84,7 @@ class StepLoop:
         self.cfg, self.strategy, self.run_dir = cfg, strategy, run_dir
         self.prompts, self.scorer, self.rollouts, self.learner = prompts, scorer, rollouts, learner
         self.clock = clock or SystemClock()
+        self.sampling = SamplingParams.from_rollout_config(cfg.rollout, n=cfg.run.n)  # every round's; n per rollout
         self.state = LoopState(cfg.run.seed)
         self.reference: dict[str, float] | None = None  # initial policy's pass rate by prompt id (when known)
         self.last_ids: list[str] = []  # the prompts the last step trained on
@@ -141,7 +143,7 @@ class StepLoop:
                 probe = self.choose_probe(candidates, values, rollouts, batch)
                 if strategy.needs.prefetch:
                     self.prefetch_candidates()  # the next step's, scored while this one generates
-            samples = self.generate(step, [(r.prompt, r.n, r.train) for r in rollouts], probe, batch, timer)  # 4-5.
+            samples = self.generate(step, rollouts, probe, batch, timer)  # 4-5.
             batch.ledger.add(samples)
             rewards = batch.ledger.round_rewards(samples)
             batch.probe_rates += [float(rewards[i].mean()) for i in batch.probe_ids[len(batch.probe_rates):]]
@@ -149,17 +151,17 @@ class StepLoop:
         batch.prompts = strategy.end_step(batch.ledger.samples_of)  # SPEED keeps D_accepted's samples
         return batch
 
-    def generate(self, step: int, wanted: list[tuple[PromptRecord, int, bool]], probe: list[PromptRecord],
-                 batch: StepBatch, timer: StepTimer) -> list:
+    def generate(self, step: int, wanted: list[Rollout], probe: list[PromptRecord], batch: StepBatch,
+                 timer: StepTimer) -> list:
         """Steps 4-5 for one round: the strategy's rollouts and the probe's in one call (the probe adds no round
         trip); the probe's share of the call's seconds, by sample count, is the probe's, not generation's, so
         `generation_seconds` measures the same work for every strategy."""
-        requests = batch.ledger.reserve(wanted + [(p, self.cfg.run.n) for p in probe])
+        requests = batch.ledger.reserve(wanted + [Rollout(p, self.cfg.run.n) for p in probe], self.sampling)
         start = self.clock.monotonic()
         samples = self.rollouts.generate_rollouts(step, self.policy_version, requests)
         seconds = self.clock.monotonic() - start
         probe_samples = len(probe) * self.cfg.run.n
-        total = sum(n for _, n, _ in requests)
+        total = sum(r.n for r in requests)
         probe_seconds = seconds * probe_samples / total if total else 0.0
         batch.probe_samples += probe_samples
         batch.probe_seconds += probe_seconds
@@ -229,7 +231,7 @@ class StepLoop:
             return
         n_pre = self.strategy.needs.reference_rollouts
         self.reference = reference_pass_rates(self.rollouts, self.prompts, self.run_dir, self.cfg.model.path, n_pre,
-                                              self.policy_version, timed=timer)
+                                              self.policy_version, self.sampling, timed=timer)
         if n_pre:
             self.strategy.load_reference(self.reference)
 

@@ -2,10 +2,11 @@
 
 Three streams carry one record type each (docs/architecture.md):
 
-    coordinator --RolloutRequest--> rollout workers --RolloutResult--> verifiers --RewardNote--> coordinator
+    coordinator --RequestRecord--> rollout workers --RolloutResult--> verifiers --RewardNote--> coordinator
 
-A request asks for the n samples of one prompt; each result and reward is one sample. The reward stream
-carries a `RewardNote`: the verdict and the id of the results-stream entry holding the sample, ~60 bytes
+A request record carries one `pcl.engines.request.RolloutRequest` (the n samples of one prompt, with the engine's
+own `SamplingParams`) and the run, step and policy version it is for; each result and reward is one sample. The
+reward stream carries a `RewardNote`: the verdict and the id of the results-stream entry holding the sample, ~60 bytes
 instead of a second copy of the ~16 KB sample; the coordinator joins the two into a `RewardRecord` (the
 result plus its reward) when it collects the step (`services.streams.collector.StepCollector`). Every record has an
 idempotency key `(run, step, prompt_id, sample_index, policy_version)` so that at-least-once delivery can
@@ -20,10 +21,11 @@ Token ids are packed little-endian uint32 bytes (`pack_tokens` / `unpack_tokens`
 2,048-token sample is 8 KiB on the wire and decodes with one `numpy.frombuffer`. The engine's log-probability of each
 sampled token travels the same way, packed little-endian float32 (`pack_logprobs` / `unpack_logprobs`).
 
-Wire format (version 3): every entry is one MessagePack array `[version, tag, layout, body]`, so any
+Wire format (version 4): every entry is one MessagePack array `[version, tag, layout, body]`, so any
 MessagePack reader can open it. Its first four bytes are fixed (0x94, then three small integers) and are
 checked by hand; the body is decoded by msgspec straight into the record type named by the tag, each record
-a MessagePack array of its fields in declaration order (strings as UTF-8, packed token ids as raw `bin`).
+a MessagePack array of its fields in declaration order (strings as UTF-8, packed token ids as raw `bin`; a
+request's `SamplingParams`, a dataclass, a map of its fields, validated by its own `__post_init__` on decoding).
 Layouts: 0, the body is one record; 1, a group of records of one type (typically a prompt's n samples),
 which divides the per-entry cost of Redis and its client by the group size; 2, a group whose records all
 carry the same prompt (64 bytes or more), sent once: the body is `[prompt_token_ids, records]` with the
@@ -41,7 +43,11 @@ from typing import NamedTuple, Sequence, Union
 import msgspec
 import numpy as np
 
-WIRE_VERSION = 3  # 3: MessagePack [version, tag, layout, body]; 2 was a hand-packed struct layout
+from pcl.engines.request import RolloutRequest, SamplingParams
+
+# 4: a request's sampling is the engine's SamplingParams (with n); 3: MessagePack [version, tag, layout, body];
+# 2 was a hand-packed struct layout
+WIRE_VERSION = 4
 TOKEN_DTYPE = np.dtype("<u4")  # vocabularies of Qwen3 / Llama (150k+) need more than 16 bits
 LOGPROB_DTYPE = np.dtype("<f4")  # a sampled token's log-probability as the engine reported it
 
@@ -106,48 +112,51 @@ def _check_text(record: object, names: tuple[str, ...]) -> None:
 
 class _Wire(msgspec.Struct, array_like=True, gc=False):
     """Base of the records: encoded as MessagePack arrays of their fields; never tracked by the garbage
-    collector (every field is a number, a string, bytes or another such record: no cycles are possible)."""
+    collector (every field is a number, a string, bytes or a `SamplingParams` of numbers: no cycles are possible)."""
 
 
-class SamplingParams(_Wire):
-    """How a rollout worker samples; the same for the n samples of one request."""
-
-    temperature: float = 1.0  # softmax temperature; 0 means greedy
-    top_p: float = 1.0  # nucleus sampling mass; 1 disables
-    top_k: int = -1  # keep the k most likely tokens; -1 disables
-    max_new_tokens: int = 4096  # responses reaching this are truncated (finish_reason "length", reward 0)
-    seed: int | None = None  # per-request seed for reproducible sampling; None lets the engine choose
-
-    def __post_init__(self) -> None:
-        if self.seed is not None and self.seed < 0:
-            raise PayloadError(f"sampling seed must be >= 0 or None, got {self.seed}")
-
-
-class RolloutRequest(_Wire):
-    """Generate n samples of one prompt with one exact policy version (coordinator -> rollout workers)."""
+class RequestRecord(_Wire):
+    """The stream record of one rollout request: the n samples of one prompt, generated with one exact policy
+    version (coordinator -> rollout workers). `of` and `request` convert from and to the engine's
+    `RolloutRequest`."""
 
     run: str  # run name; records of another run are never collected
     step: int  # training step t the samples are for
+    policy_version: int  # weights the samples must come from; a worker never serves another version
     prompt_id: str  # stable id of the dataset row
     prompt_token_ids: bytes  # the templated prompt, packed uint32 (pack_tokens)
-    n: int  # samples to generate for this prompt
-    policy_version: int  # weights the samples must come from; a worker never serves another version
-    sampling: SamplingParams  # temperature, top-p, top-k, length limit, seed
     # Sample index of the first of the n samples (they are first_index .. first_index + n - 1): a prompt asked
     # for again in a later generation round of the same step continues its indices, so no two rounds' records
     # share an idempotency key.
-    first_index: int = 0
+    first_index: int
+    sampling: SamplingParams  # the engine's own: n, temperature, top-p, top-k, length limit, seed
 
     def __post_init__(self) -> None:
         _check_packed("prompt_token_ids", self.prompt_token_ids)
         _check_text(self, ("run", "prompt_id"))
         if not isinstance(self.sampling, SamplingParams):
-            raise PayloadError(f"RolloutRequest.sampling must be SamplingParams, "
+            raise PayloadError(f"RequestRecord.sampling must be SamplingParams, "
                                f"got {type(self.sampling).__name__}")
-        if self.step < 0 or self.n < 1 or self.policy_version < 0 or self.first_index < 0:
-            raise PayloadError(f"RolloutRequest for prompt {self.prompt_id!r}: step ({self.step}), "
+        if self.step < 0 or self.policy_version < 0 or self.first_index < 0:
+            raise PayloadError(f"RequestRecord for prompt {self.prompt_id!r}: step ({self.step}), "
                                f"policy_version ({self.policy_version}) and first_index ({self.first_index}) "
-                               f"must be >= 0 and n ({self.n}) >= 1")
+                               f"must be >= 0")
+
+    @classmethod
+    def of(cls, run: str, step: int, policy_version: int, request: RolloutRequest) -> "RequestRecord":
+        """The record of `request` for step `step` of run `run`, to be generated by policy `policy_version`."""
+        return cls(run, step, policy_version, request.prompt_id, pack_tokens(request.prompt_token_ids),
+                   request.first_index, request.sampling)
+
+    def request(self) -> RolloutRequest:
+        """The request this record carries."""
+        return RolloutRequest(self.prompt_id, tuple(unpack_tokens(self.prompt_token_ids).tolist()), self.sampling,
+                              self.first_index)
+
+    @property
+    def n(self) -> int:
+        """Samples asked for."""
+        return self.sampling.n
 
     @property
     def key(self) -> RecordKey:
@@ -249,10 +258,10 @@ class RewardNote(_Wire):
         return RecordKey(self.run, self.step, self.prompt_id, self.sample_index, self.policy_version)
 
 
-Record = Union[RolloutRequest, RolloutResult, RewardRecord, RewardNote]
+Record = Union[RequestRecord, RolloutResult, RewardRecord, RewardNote]
 _RESULT_FIELDS = operator.attrgetter(*RolloutResult.__struct_fields__)
 
-_TAGS = {RolloutRequest: 1, RolloutResult: 2, RewardRecord: 3, RewardNote: 4}
+_TAGS = {RequestRecord: 1, RolloutResult: 2, RewardRecord: 3, RewardNote: 4}
 _BY_TAG = {tag: cls for cls, tag in _TAGS.items()}
 SINGLE, GROUP, GROUP_SHARED_PROMPT = 0, 1, 2  # the entry's layout (module docstring)
 SHARED_MIN = 64  # a shorter common prompt is repeated: sending it once would save less than it costs

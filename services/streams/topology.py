@@ -47,7 +47,7 @@ class Stream:
 
 
 STREAMS = (
-    Stream("rollout_requests", "RolloutRequest", producer="coordinator", group="rollout", consumer="rollout",
+    Stream("rollout_requests", "RequestRecord", producer="coordinator", group="rollout", consumer="rollout",
            bound_by="rollout.max_in_flight"),
     Stream("rollout_results", "RolloutResult", producer="rollout", group="verifier", consumer="verifier",
            readers=("coordinator",)),  # the coordinator joins each reward note with the result it points at

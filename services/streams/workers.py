@@ -19,10 +19,10 @@ import time
 from collections import Counter
 from typing import Any, Callable, Mapping
 
-from pcl.engines.base import SamplingParams as EngineSampling
+from pcl.engines.request import SamplingParams
 from pcl.reward.verdict import TRUNCATED_REWARD, is_truncated
 from services.streams.backoff import Backoff, FailureLog
-from services.streams.payloads import (RewardNote, RolloutRequest, RolloutResult, pack_logprobs, pack_tokens,
+from services.streams.payloads import (RequestRecord, RewardNote, RolloutResult, pack_logprobs, pack_tokens,
                                       unpack_tokens)
 from services.streams.queues import WorkQueue
 
@@ -83,14 +83,13 @@ class RolloutService:
         self.counts["samples"] += produced
         return produced
 
-    def _generate(self, reqs: list[RolloutRequest], version: int) -> list[list[RolloutResult]]:
-        """One engine call: the n samples of each request, one group (stream entry) per request."""
-        s, n = reqs[0].sampling, reqs[0].n
-        params = EngineSampling(n=n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                max_new_tokens=s.max_new_tokens, seed=s.seed)
+    def _generate(self, reqs: list[RequestRecord], version: int) -> list[list[RolloutResult]]:
+        """One engine call with the requests' one `sampling`, as it came: the n samples of each request, one group
+        (stream entry) per request."""
+        sampling = reqs[0].sampling
         start = time.perf_counter()
-        outputs = self.engine.generate([unpack_tokens(r.prompt_token_ids).tolist() for r in reqs], params)
-        share = (time.perf_counter() - start) / max(1, n * len(reqs))
+        outputs = self.engine.generate([unpack_tokens(r.prompt_token_ids).tolist() for r in reqs], sampling)
+        share = (time.perf_counter() - start) / max(1, sampling.n * len(reqs))
         self.counts["tokens"] += sum(len(g.token_ids) for gens in outputs for g in gens)
         return [[RolloutResult(run=r.run, step=r.step, prompt_id=r.prompt_id,
                                sample_index=r.first_index + g.sample_index, policy_version=version, prompt_token_ids=r.prompt_token_ids,
@@ -101,12 +100,12 @@ class RolloutService:
                 for r, gens in zip(reqs, outputs)]
 
 
-def _by_sampling(requests: list[RolloutRequest], batch: int) -> list[list[RolloutRequest]]:
-    """Requests that share sampling parameters and n are generated in one engine call of at most `batch`."""
-    groups: dict[Any, list[RolloutRequest]] = {}
+def _by_sampling(requests: list[RequestRecord], batch: int) -> list[list[RequestRecord]]:
+    """Requests with equal `sampling` (n included; SamplingParams is hashable) are generated in one engine call of
+    at most `batch`."""
+    groups: dict[SamplingParams, list[RequestRecord]] = {}
     for r in requests:
-        s = r.sampling
-        groups.setdefault((r.n, s.temperature, s.top_p, s.top_k, s.max_new_tokens, s.seed), []).append(r)
+        groups.setdefault(r.sampling, []).append(r)
     return [group[i:i + batch] for group in groups.values() for i in range(0, len(group), max(1, batch))]
 
 

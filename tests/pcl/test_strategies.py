@@ -15,10 +15,11 @@ from pcl.loop.batch import Sample, group_samples
 from pcl.config import (DynamicSamplingSelection, GresoSelection, PCLSelection, PrefilterSelection, ProbeSelection,
                         Section, Selection, SpeedSelection, UniformSelection)
 from pcl.data.prompts import PromptRecord
+from pcl.engines import RolloutRequest, SamplingParams
 from pcl.loop.rounds import ESTIMATE_BASE, RoundLedger
 from pcl.data.sampler import PromptSampler
 from pcl.strategies import STRATEGIES, check_strategy, make_strategy, strategy_class, strategy_registry
-from pcl.strategies.base import Needs
+from pcl.strategies.base import Needs, Rollout
 from pcl.strategies.dynamic_sampling import DynamicSamplingStrategy
 from pcl.strategies.greso import GresoStrategy
 from pcl.strategies.prefilter import PrefilterStrategy
@@ -61,9 +62,10 @@ class World:
             candidates = self.draw(request.draw) if request.draw else []
             scores = np.array([values[c.id] for c in candidates]) if request.score else None
             rollouts = strategy.propose(candidates, scores)
-            wanted = ledger.reserve([(r.prompt, r.n, r.train) for r in rollouts])
-            samples = [Sample(p.id, first + j, p.prompt_token_ids, (1,), float(self.rng.random() < self.rates[p.id]),
-                              "stop") for p, n, first in wanted for j in range(n)]
+            wanted = ledger.reserve(rollouts, SamplingParams())
+            samples = [Sample(r.prompt_id, i, r.prompt_token_ids, (1,),
+                              float(self.rng.random() < self.rates[r.prompt_id]), "stop")
+                       for r in wanted for i in r.indices]
             self.generated += len(samples)
             ledger.add(samples)
             rewards = ledger.round_rewards(samples)
@@ -86,9 +88,12 @@ def rates_cycle(count: int, cycle: list[float]) -> dict[str, float]:
 
 def test_ledger_continues_sample_indices_of_a_prompt_across_rounds():
     a, b = prompts(2)
-    ledger = RoundLedger()
-    assert ledger.reserve([(a, 4), (b, 2)]) == [(a, 4, 0), (b, 2, 0)]
-    assert ledger.reserve([(a, 12)]) == [(a, 12, 4)]  # a second round never reuses indices 0..3
+    ledger, sampling = RoundLedger(), SamplingParams(n=16, temperature=0.7, max_new_tokens=64, seed=3)
+    assert ledger.reserve([Rollout(a, 4), Rollout(b, 2)], sampling) == [
+        RolloutRequest("p0", a.prompt_token_ids, SamplingParams(n=4, temperature=0.7, max_new_tokens=64, seed=3)),
+        RolloutRequest("p1", b.prompt_token_ids, SamplingParams(n=2, temperature=0.7, max_new_tokens=64, seed=3))]
+    [again] = ledger.reserve([Rollout(a, 12)], sampling)  # a second round never reuses indices 0..3
+    assert again.indices == range(4, 16) and again.n == again.sampling.n == 12
     ledger.add([Sample("p0", 5, (), (), 1.0, "stop"), Sample("p0", 4, (), (), 0.0, "stop")])
     assert ledger.round_rewards(ledger.samples["p0"])["p0"].tolist() == [0.0, 1.0]  # sample-index order
     assert ledger.rounds == 1 and ledger.generated == 2
@@ -488,8 +493,11 @@ def test_probe_state_round_trips_and_target_p_is_tunable():
 def test_ledger_keeps_estimation_rollouts_apart_from_the_trained_samples():
     a, = prompts(1)
     ledger = RoundLedger()
-    assert ledger.reserve([(a, 4, False)]) == [(a, 4, ESTIMATE_BASE)]
-    assert ledger.reserve([(a, 2, True), (a, 2, False)]) == [(a, 2, 0), (a, 2, ESTIMATE_BASE + 4)]
+    indices = lambda requests: [r.indices for r in requests]  # noqa: E731
+    assert indices(ledger.reserve([Rollout(a, 4, train=False)], SamplingParams())) == [range(ESTIMATE_BASE,
+                                                                                            ESTIMATE_BASE + 4)]
+    assert indices(ledger.reserve([Rollout(a, 2), Rollout(a, 2, train=False)], SamplingParams())) == [
+        range(0, 2), range(ESTIMATE_BASE + 4, ESTIMATE_BASE + 6)]
     ledger.add([Sample("p0", ESTIMATE_BASE, (), (), 1.0, "stop"), Sample("p0", 0, (), (), 0.0, "stop")])
     assert [s.sample_index for s in ledger.samples_of(["p0"])] == [0] and ledger.estimated == 1
     assert ledger.generated == 2

@@ -13,18 +13,21 @@ from dataclasses import dataclass
 
 import redis
 
-from services.streams.payloads import RewardNote, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
+from pcl.engines import RolloutRequest, SamplingParams
+from services.streams.payloads import RequestRecord, RewardNote, RolloutResult, pack_tokens
 from services.streams.collector import StepCollector
 from services.streams.queues import WorkQueue
 from services.streams.topology import STREAMS, open_queue
 
 
-def make_requests(run: str, step: int, m: int, n: int, prompt_tokens: int = 12) -> list[RolloutRequest]:
-    return [RolloutRequest(run, step, f"prompt-{step}-{i}", pack_tokens(range(i, i + prompt_tokens)), n, step,
-                           SamplingParams(max_new_tokens=8)) for i in range(m)]
+def make_requests(run: str, step: int, m: int, n: int, prompt_tokens: int = 12) -> list[RequestRecord]:
+    sampling = SamplingParams(n=n, max_new_tokens=8)
+    return [RequestRecord.of(run, step, step, RolloutRequest(f"prompt-{step}-{i}", tuple(range(i, i + prompt_tokens)),
+                                                             sampling))
+            for i in range(m)]
 
 
-def generate(request: RolloutRequest, new_tokens: int = 8) -> list[RolloutResult]:
+def generate(request: RequestRecord, new_tokens: int = 8) -> list[RolloutResult]:
     return [RolloutResult(request.run, request.step, request.prompt_id, j, request.policy_version,
                           request.prompt_token_ids, pack_tokens([j + 3] * new_tokens), f"{j}+{j}={2 * j}",
                           "stop", 0.001) for j in range(request.n)]

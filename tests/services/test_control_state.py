@@ -14,7 +14,8 @@ from pcl.strategies.uniform import UniformStrategy
 from services.control.state import ControlConflict, ControlValueError
 from services.control.store import ControlStore
 from services.control.metrics import bucket_field
-from services.streams.payloads import RolloutRequest, SamplingParams, pack_tokens
+from pcl.engines import SamplingParams
+from services.streams.payloads import RequestRecord, pack_tokens
 from services.streams.topology import open_queue, stream_key
 from services.redis_server import make_client
 from services.control.run import RunControl
@@ -245,7 +246,7 @@ def test_queue_depths_count_unacknowledged_entries(server, request, key_prefix):
     try:  # payloads are binary: token ids 0xF0F0F0F0 are not UTF-8
         requests.put(
             [
-                RolloutRequest(store.run, 0, f"p{i}", pack_tokens([0xF0F0F0F0] * 8), 4, 0, SamplingParams())
+                RequestRecord(store.run, 0, 0, f"p{i}", pack_tokens([0xF0F0F0F0] * 8), 0, SamplingParams(n=4))
                 for i in range(5)
             ]
         )

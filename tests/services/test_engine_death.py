@@ -22,7 +22,8 @@ import pytest
 from actors.engine_processes import EXIT_CODE
 from pcl.engines.base import engine_dead
 from pcl.engines.hf import HFEngine
-from services.streams.payloads import RolloutRequest, SamplingParams, pack_tokens
+from pcl.engines import RolloutRequest, SamplingParams
+from services.streams.payloads import RequestRecord
 from services.streams.topology import open_queue
 from services.streams.workers import RolloutService, serve_forever
 
@@ -49,8 +50,8 @@ def test_a_dead_engine_ends_the_serving_loop_and_hands_its_requests_back(redis_c
     results = open_queue(redis_client, key_prefix, "rollout_results", "w0", **opts)
     engine = DiesOnGenerate(HFEngine(str(tiny_model_dir), device="cpu", seed=0, num_threads=1))
     service = RolloutService(engine, requests, results, worker="rollout-0")
-    requests.put([[RolloutRequest(key_prefix, 0, f"p{i}", pack_tokens([5, 6, 7]), 2, 0,
-                                  SamplingParams(max_new_tokens=4)) for i in range(3)]])
+    sampling = SamplingParams(n=2, max_new_tokens=4)
+    requests.put([[RequestRecord.of(key_prefix, 0, 0, RolloutRequest(f"p{i}", (5, 6, 7), sampling)) for i in range(3)]])
     fatal_calls, stop = [], threading.Event()
     loop = threading.Thread(target=serve_forever, args=(service, stop, "rollout-0"),
                             kwargs={"fatal": engine_dead, "on_fatal": fatal_calls.append})

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pcl.engines import RolloutRequest, SamplingParams
 from services.streams.payloads import (
-    PayloadError, RecordKey, RewardNote, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, decode, decode_entry,
+    WIRE_VERSION, PayloadError, RecordKey, RequestRecord, RewardNote, RewardRecord, RolloutResult, decode, decode_entry,
     encode, encode_entry, pack_tokens, unpack_tokens,
 )
 
@@ -41,19 +44,45 @@ def test_unpack_rejects_a_partial_token():
         unpack_tokens(b"\x01\x00\x00")
 
 
+def request_record(sampling: SamplingParams = SamplingParams(n=4), first_index: int = 0) -> RequestRecord:
+    return RequestRecord.of("tiny", 4, 4, RolloutRequest("row-9", (3, 1, 4, 1, 5), sampling, first_index))
+
+
 def test_request_round_trip_with_and_without_seed():
-    for sampling in (SamplingParams(), SamplingParams(temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=2048, seed=11)):
-        request = RolloutRequest("tiny", 4, "row-9", pack_tokens([3, 1, 4, 1, 5]), 16, 4, sampling)
-        back = decode(encode(request))
-        assert back == request and back.sampling.seed == sampling.seed
-        assert back.key == RecordKey("tiny", 4, "row-9", -1, 4)
+    for sampling in (SamplingParams(n=16), SamplingParams(n=16, temperature=0.6, top_p=0.95, top_k=20,
+                                                          max_new_tokens=2048, seed=11)):
+        record = request_record(sampling)
+        back = decode(encode(record))
+        assert back == record and back.sampling == sampling and type(back.sampling) is SamplingParams
+        assert back.key == RecordKey("tiny", 4, "row-9", -1, 4) and back.n == 16
+        assert back.request() == RolloutRequest("row-9", (3, 1, 4, 1, 5), sampling)  # the engine's request back
 
 
 def test_request_first_index_round_trips_and_must_not_be_negative():
-    request = RolloutRequest("tiny", 4, "row-9", pack_tokens([3]), 12, 4, SamplingParams(), first_index=4)
-    assert decode(encode(request)).first_index == 4 and decode(encode(request)) == request
+    record = request_record(SamplingParams(n=12), first_index=4)
+    assert decode(encode(record)).first_index == 4 and decode(encode(record)) == record
+    assert decode(encode(record)).request().indices == range(4, 16)
     with pytest.raises(PayloadError, match="first_index"):
-        RolloutRequest("tiny", 4, "row-9", pack_tokens([3]), 12, 4, SamplingParams(), first_index=-1)
+        RequestRecord("tiny", 4, 4, "row-9", pack_tokens([3]), -1, SamplingParams())
+
+
+def encoded_request(sampling: dict) -> bytes:
+    """A single-record request entry whose sampling is the map `sampling`, whatever its values."""
+    return bytes([0x94, WIRE_VERSION, 1, 0]) + msgspec.msgpack.encode(
+        ["tiny", 4, 4, "row-9", pack_tokens([3]), 0, sampling])
+
+
+@pytest.mark.parametrize("field, value", [("n", 0), ("top_p", 2.0), ("temperature", -1.0), ("top_k", -3),
+                                          ("max_new_tokens", 0), ("seed", -1)])
+def test_a_request_with_invalid_sampling_does_not_decode(field, value):
+    """Decoding runs SamplingParams' own checks: a malformed sampling is a PayloadError naming the field (the
+    queue dead-letters the entry), never a request that reaches an engine."""
+    good = dataclasses.asdict(SamplingParams(n=4))
+    assert decode(encoded_request(good)).sampling == SamplingParams(n=4)
+    with pytest.raises(PayloadError, match=f"corrupt RequestRecord payload: SamplingParams.{field}"):
+        decode(encoded_request({**good, field: value}))
+    with pytest.raises(PayloadError, match="corrupt RequestRecord"):
+        decode(encoded_request({**good, "n": True}))  # a bool is not a count
 
 
 def test_result_and_reward_round_trip():
@@ -86,10 +115,10 @@ def test_token_ids_travel_as_packed_bytes_not_json():
     result = make_result(tokens=tokens, text="x" * 100)
     data = encode(result)
     assert pack_tokens(tokens) in data  # verbatim, 4 bytes per token
-    # MessagePack [3, tag 2, layout 0, record]: 4 header bytes, then the record as an array of its 12 fields:
+    # MessagePack [4, tag 2, layout 0, record]: 4 header bytes, then the record as an array of its 12 fields:
     # a marker byte, strings and bins with their 1 to 3 length bytes, small integers in 1 byte, a float in 9;
     # the worker's name (empty: 1 byte) and no log-probabilities (an empty bin: 2 bytes).
-    assert data[:5] == b"\x94\x03\x02\x00\x9c"
+    assert data[:5] == b"\x94\x04\x02\x00\x9c"
     fields = (1 + 4) + 1 + (1 + 6) + 1 + 1 + (2 + 16) + (3 + 4 * 2048) + (2 + 100) + (1 + 4) + 9 + 1 + 2
     assert len(data) == 4 + 1 + fields
 
@@ -99,7 +128,7 @@ def test_records_are_not_tracked_by_the_garbage_collector():
     result = make_result()
     note = RewardNote.of(result, "1-0", 0, 1.0, 0.0, False)
     for record in (result, note, RewardRecord.from_note(note, result), decode(encode(result)),
-                   RolloutRequest("tiny", 0, "p", b"", 1, 0, SamplingParams())):
+                   request_record(), decode(encode(request_record()))):
         assert not gc.is_tracked(record)
 
 
@@ -115,11 +144,12 @@ def test_reward_round_trip_property(tokens, text, prompt_id, reward, step, timed
 
 @pytest.mark.parametrize("data, message", [
     (b"", "not a record"),
-    (b"\x94\x09\x02\x00rest", "not a record of wire version 3"),  # unknown wire version
-    (b"\x94\x03\x07\x00rest", "not a record"),  # unknown tag
-    (b"\x94\x03\x02\x05rest", "not a record"),  # unknown layout
-    (b"\x94\x03\x04\x02rest", "not a record"),  # notes carry no prompt to share
-    (b"\x02\x02rest-of-a-version-2-record", "not a record of wire version 3"),
+    (b"\x94\x09\x02\x00rest", "not a record of wire version 4"),  # unknown wire version
+    (b"\x94\x03\x01\x00rest", "not a record of wire version 4"),  # version 3: requests had no n in sampling
+    (b"\x94\x04\x07\x00rest", "not a record"),  # unknown tag
+    (b"\x94\x04\x02\x05rest", "not a record"),  # unknown layout
+    (b"\x94\x04\x04\x02rest", "not a record"),  # notes carry no prompt to share
+    (b"\x02\x02rest-of-a-version-2-record", "not a record of wire version 4"),
 ])
 def test_decode_rejects_foreign_bytes(data, message):
     with pytest.raises(PayloadError, match=message):
@@ -146,13 +176,13 @@ def test_invalid_fields_are_named():
         make_result(text=None)
     with pytest.raises(PayloadError, match="RewardNote.result_entry must be str"):
         RewardNote.of(make_result(), b"1-0", 0, 1.0, 0.0, False)
-    with pytest.raises(PayloadError, match="sampling must be SamplingParams"):
-        RolloutRequest("tiny", 0, "p", b"", 1, 0, {"temperature": 1.0})
+    with pytest.raises(PayloadError, match="RequestRecord.sampling must be SamplingParams"):
+        RequestRecord("tiny", 0, 0, "p", b"", 0, {"temperature": 1.0})
     with pytest.raises(PayloadError, match="sample_index"):
         make_result(sample_index=-1)
-    with pytest.raises(PayloadError, match="n \\(0\\)"):
-        RolloutRequest("tiny", 0, "p", b"", 0, 0, SamplingParams())
-    with pytest.raises(PayloadError, match="seed"):
+    with pytest.raises(PayloadError, match="step \\(-1\\)"):
+        RequestRecord("tiny", -1, 0, "p", b"", 0, SamplingParams())
+    with pytest.raises(ValueError, match="SamplingParams.seed"):
         SamplingParams(seed=-3)
     with pytest.raises(PayloadError, match="cannot encode dict"):
         encode({"run": "tiny"})
@@ -163,8 +193,8 @@ def test_group_entries_round_trip_and_single_records_stay_plain():
     assert encode_entry(results[0]) == encode(results[0]) == encode_entry([results[0]])
     data = encode_entry(results)
     assert decode_entry(data) == results and decode_entry(encode(results[1])) == [results[1]]
-    # [3, tag 2 (results), layout 1 (a group), [three records]]; a 16-byte prompt is short: sent with each.
-    assert data[:5] == b"\x94\x03\x02\x01\x93" and data.count(results[0].prompt_token_ids) == 3
+    # [4, tag 2 (results), layout 1 (a group), [three records]]; a 16-byte prompt is short: sent with each.
+    assert data[:5] == b"\x94\x04\x02\x01\x93" and data.count(results[0].prompt_token_ids) == 3
     with pytest.raises(PayloadError, match="group of RolloutResults; read it with decode_entry"):
         decode(data)
 
@@ -173,7 +203,7 @@ def test_a_group_whose_records_carry_one_prompt_sends_it_once():
     prompt = pack_tokens(range(256))  # 1 KiB
     results = [make_result(sample_index=j, prompt_token_ids=prompt, tokens=[j] * 100) for j in range(16)]
     data = encode_entry(results)
-    assert data[:4] == b"\x94\x03\x02\x02" and data.count(prompt) == 1
+    assert data[:4] == b"\x94\x04\x02\x02" and data.count(prompt) == 1
     back = decode_entry(data)
     assert back == results
     assert all(record.prompt_token_ids is back[0].prompt_token_ids for record in back)  # one object, not 16
@@ -181,18 +211,18 @@ def test_a_group_whose_records_carry_one_prompt_sends_it_once():
     # One record with another prompt: every record carries its own.
     results[5] = make_result(sample_index=5, prompt_token_ids=pack_tokens(range(1, 257)), tokens=[5] * 100)
     data = encode_entry(results)
-    assert data[:4] == b"\x94\x03\x02\x01" and data.count(prompt) == 15 and decode_entry(data) == results
+    assert data[:4] == b"\x94\x04\x02\x01" and data.count(prompt) == 15 and decode_entry(data) == results
     rewards = [RewardRecord.from_result(r, 1.0, 0.0, False) for r in results[:5]]
     assert decode_entry(encode_entry(rewards)) == rewards and encode_entry(rewards).count(prompt) == 1
 
 
 def test_an_entry_of_another_wire_version_is_refused_by_name():
     data = bytearray(encode_entry([make_result(), make_result(sample_index=3)]))
-    data[1] = 2
-    with pytest.raises(PayloadError, match="wire version 3"):
+    data[1] = 3
+    with pytest.raises(PayloadError, match="wire version 4"):
         decode_entry(bytes(data))
     version_2_group = b"\x02\x00\x02\x00\x00\x00" + bytes(8)  # version, tag 0, uint32 count, lengths
-    with pytest.raises(PayloadError, match="wire version 3"):
+    with pytest.raises(PayloadError, match="wire version 4"):
         decode_entry(version_2_group)
 
 

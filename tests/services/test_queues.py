@@ -7,14 +7,16 @@ import time
 
 import pytest
 
-from services.streams.payloads import RewardNote, RewardRecord, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
+from pcl.engines import RolloutRequest, SamplingParams
+from services.streams.payloads import (RequestRecord, RewardNote, RewardRecord, RolloutResult, encode_entry,
+                                      pack_tokens)
 from services.streams.collector import StepCollector
 from services.streams.queues import QueueUnavailable, WorkQueue
 from services.redis_server import start_embedded
 
 
-def request(prompt_id: str, step: int = 1, version: int = 1) -> RolloutRequest:
-    return RolloutRequest("tiny", step, prompt_id, pack_tokens([1, 2, 3]), 4, version, SamplingParams())
+def request(prompt_id: str, step: int = 1, version: int = 1) -> RequestRecord:
+    return RequestRecord.of("tiny", step, version, RolloutRequest(prompt_id, (1, 2, 3), SamplingParams(n=4)))
 
 
 def reward(prompt_id: str, sample: int, step: int = 1, version: int = 1, run: str = "tiny") -> RewardRecord:
@@ -146,6 +148,24 @@ def test_an_undecodable_entry_is_dead_lettered_at_once(make_queue):
     queue.put([request("fine")])
     assert [d.record.prompt_id for d in queue.take(10)] == ["fine"]
     assert queue.dead_letter_count() == 1 and "undecodable" in queue.dead_letters()[0]["error"]
+
+
+@pytest.mark.redis
+def test_a_request_with_invalid_sampling_is_dead_lettered_at_once(make_queue):
+    """A request entry whose sampling breaks SamplingParams' own checks (n=0, top_p=2) does not decode: it is
+    dead-lettered like any malformed entry, and the good request beside it is delivered."""
+    queue = make_queue(block_ms=20)
+    good = encode_entry(request("fine"))
+    n_0 = good.replace(b"\xa1n\x04", b"\xa1n\x00")  # the map entry "n": 4 made "n": 0
+    top_p_2 = good.replace(b"\xa5top_p\xcb\x3f\xf0", b"\xa5top_p\xcb\x40\x00")  # float64 1.0 made 2.0
+    for bad in (n_0, top_p_2):
+        assert bad != good
+        queue.client.xadd(queue.stream, {b"d": bad})
+    queue.put([request("fine")])
+    assert [d.record.prompt_id for d in queue.take(10)] == ["fine"]
+    errors = [letter["error"] for letter in queue.dead_letters()]
+    assert queue.dead_letter_count() == 2 and all(e.startswith("undecodable") for e in errors), errors
+    assert sorted(e.split("payload: ")[1].split(":")[0] for e in errors) == ["SamplingParams.n", "SamplingParams.top_p"]
 
 
 @pytest.mark.redis

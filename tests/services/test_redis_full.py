@@ -19,7 +19,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pcl.engines.hf import HFEngine
-from services.streams.payloads import RolloutRequest, SamplingParams, pack_tokens
+from pcl.engines import RolloutRequest, SamplingParams
+from services.streams.payloads import RequestRecord
 from services.control.store import ControlStore
 from services.control.metrics import metrics_registry
 from services.streams.queues import QueueUnavailable, RedisFull
@@ -59,8 +60,8 @@ def free(client: redis.Redis) -> None:
     client.delete(*[f"{FILLER}:{i}" for i in range(400)])
 
 
-def request(run: str, pid: str, n: int = 2) -> RolloutRequest:
-    return RolloutRequest(run, 0, pid, pack_tokens([5, 6, 7]), n, 0, SamplingParams(max_new_tokens=4))
+def request(run: str, pid: str, n: int = 2) -> RequestRecord:
+    return RequestRecord.of(run, 0, 0, RolloutRequest(pid, (5, 6, 7), SamplingParams(n=n, max_new_tokens=4)))
 
 
 def test_a_full_redis_pauses_generation_and_it_resumes_when_memory_frees(client, tiny_model_dir, caplog):

@@ -18,6 +18,7 @@ from prometheus_client import generate_latest
 
 from pcl.config import load_config
 from pcl.data.prompts import PromptRecord
+from pcl.engines import RolloutRequest, SamplingParams
 from pcl.reward.pool import RewardPool, math_score
 from services.streams.rollout_client import RolloutClient
 from services.control.metrics import metrics_registry
@@ -69,8 +70,8 @@ def fleet(client, run: str, pool: RewardPool, answers: dict):
             thread.join(10)
 
 
-def rollouts(ids: list[str]) -> list[tuple]:
-    return [(PromptRecord(pid, "q", "2", "q", (5, 6, 7)), N, 0) for pid in ids]
+def requests(ids: list[str]) -> list[RolloutRequest]:
+    return RolloutRequest.for_prompts([PromptRecord(pid, "q", "2", "q", (5, 6, 7)) for pid in ids], SamplingParams(n=N))
 
 
 def client_for(redis_url: str, run: str, share: float) -> RolloutClient:
@@ -83,13 +84,13 @@ def test_verifier_errors_are_counted_and_a_step_with_too_many_fails_naming_the_l
                                                                                       key_prefix, pool):
     coordinator = client_for(redis_url, key_prefix, 0.25)
     with fleet(redis_client, key_prefix, pool, {"a": "2", "b": "2"}) as verifier:
-        samples = coordinator.generate_rollouts(0, 0, rollouts(["a"]))  # 1 error of 4: not above the limit
+        samples = coordinator.generate_rollouts(0, 0, requests(["a"]))  # 1 error of 4: not above the limit
         assert len(samples) == N and [s.reward for s in samples if s.sample_index == 2] == [0.0]
         assert coordinator.counters()["verifier_errors_total"] == 1 and verifier.counts["errors"] == 1
 
         coordinator.cfg.verifier.max_error_share = 0.2
         with pytest.raises(RuntimeError, match=r"step 1: 1 of 4 rewards .*verifier\.max_error_share=0\.2\b"):
-            coordinator.generate_rollouts(1, 0, rollouts(["b"]))
+            coordinator.generate_rollouts(1, 0, requests(["b"]))
         assert coordinator.counters()["verifier_errors_total"] == 2
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from pcl.engines.hf import HFEngine
 from services.streams.backoff import Backoff
-from services.streams.payloads import RolloutRequest, SamplingParams, pack_tokens
+from pcl.engines import RolloutRequest, SamplingParams
+from services.streams.payloads import RequestRecord
 from services.streams.queues import WorkQueue
 from services.streams.topology import open_queue
 from services.streams.workers import RolloutService, serve_forever
@@ -39,8 +40,8 @@ class FailsOnce:
         return self.engine.generate(prompts, params)
 
 
-def request(run: str, pid: str, n: int = 2) -> RolloutRequest:
-    return RolloutRequest(run, 0, pid, pack_tokens([5, 6, 7]), n, 0, SamplingParams(max_new_tokens=4))
+def request(run: str, pid: str, n: int = 2) -> RequestRecord:
+    return RequestRecord.of(run, 0, 0, RolloutRequest(pid, (5, 6, 7), SamplingParams(n=n, max_new_tokens=4)))
 
 
 def collect(reader: WorkQueue, count: int, deadline: float) -> list:

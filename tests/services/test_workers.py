@@ -7,11 +7,14 @@ step v's reward stream, so it is never trained on.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pcl.engines.hf import HFEngine
 from pcl.reward.pool import RewardPool
-from services.streams.payloads import RewardRecord, RolloutRequest, RolloutResult, SamplingParams, pack_tokens
+from pcl.engines import Generation, RolloutRequest, SamplingParams
+from services.streams.payloads import RequestRecord, RewardRecord, RolloutResult, pack_tokens
 from services.streams.collector import StepCollector
 from services.streams.topology import open_queue
 from services.streams.workers import RolloutService, VerifierService
@@ -25,9 +28,9 @@ def queues(client, run: str, name: str):
                  for stream in ("rollout_requests", "rollout_results", "rewards"))
 
 
-def request(run, step, pid, version, n=3, max_new_tokens=4):
-    return RolloutRequest(run, step, pid, pack_tokens([5, 6, 7]), n, version,
-                          SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens))
+def request(run, step, pid, version, n=3, max_new_tokens=4, first_index=0):
+    sampling = SamplingParams(n=n, temperature=1.0, max_new_tokens=max_new_tokens)
+    return RequestRecord.of(run, step, version, RolloutRequest(pid, (5, 6, 7), sampling, first_index))
 
 
 @pytest.fixture
@@ -57,6 +60,31 @@ def test_rollout_service_serves_its_version_only(redis_client, key_prefix, engin
         assert service.serve_once(block_ms=50) == 0
     assert service.counts["stale_requests"] == 1 and service.counts["requests_ahead_of_weights"] >= 1
     assert consumer.take(100, block_ms=50) == []
+
+
+class Recording:
+    """An engine stand-in that records each generate call (prompts, sampling) and answers one token a sample."""
+
+    policy_version = 0
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, SamplingParams]] = []
+
+    def generate(self, prompts, params):
+        self.calls.append((len(prompts), params))
+        return [[Generation(i, j, [1], "1", "stop", 1) for j in range(params.n)] for i in range(len(prompts))]
+
+
+def test_requests_with_one_sampling_share_an_engine_call_that_gets_it_as_sent(redis_client, key_prefix):
+    requests, results, _ = queues(redis_client, key_prefix, "w")
+    engine = Recording()
+    service = RolloutService(engine, requests, results)
+    sampling = SamplingParams(n=2, temperature=0.6, top_p=0.9, top_k=5, max_new_tokens=7, seed=3)
+    chunk = [RequestRecord.of(key_prefix, 0, 0, RolloutRequest(f"p{i}", (5, 6), s))
+             for i, s in enumerate([sampling, sampling, replace(sampling, n=3), sampling])]
+    requests.put([chunk])  # one entry: a chunk of four requests
+    assert service.serve_once(block_ms=50) == 2 + 2 + 3 + 2
+    assert engine.calls == [(3, sampling), (1, replace(sampling, n=3))]
 
 
 def test_verifier_scores_and_zeroes_truncated(redis_client, key_prefix):
@@ -102,7 +130,7 @@ def test_a_later_round_continues_sample_indices_and_never_collides_with_the_firs
     requests, results, _ = queues(redis_client, key_prefix, "w")
     service = RolloutService(engine, requests, results)
     first = request(key_prefix, 2, "p", 0, n=3)
-    second = RolloutRequest(key_prefix, 2, "p", pack_tokens([5, 6, 7]), 2, 0, first.sampling, first_index=3)
+    second = request(key_prefix, 2, "p", 0, n=2, first_index=3)
     requests.put([first, second])
     while service.serve_once(block_ms=50):
         pass

@@ -17,6 +17,7 @@ import numpy as np
 from pcl.loop.batch import Sample
 from pcl.config import Config, validate_tree
 from pcl.data.prompts import PromptRecord
+from pcl.engines.request import RolloutRequest
 from pcl.loop.ports import Ready
 
 SECONDS_PER_SAMPLE = 0.01
@@ -113,12 +114,12 @@ class FakeRollouts:
         digest = hashlib.blake2b(f"{prompt_id}|{index}|{version}".encode(), digest_size=4).digest()
         return float(int.from_bytes(digest, "little") / 2**32 < self.rates[prompt_id])
 
-    def generate_rollouts(self, step: int, policy_version: int, rollouts: Sequence[tuple], temperature=None,
-                          tag: str = "", sampling: dict | None = None, on_progress=None) -> list[Sample]:
-        out = [Sample(p.id, first + j, tuple(p.prompt_token_ids), (7, 8), self.reward(p.id, first + j, policy_version),
-                      "stop") for p, n, first in rollouts for j in range(n)]
+    def generate_rollouts(self, step: int, policy_version: int, requests: Sequence[RolloutRequest], tag: str = "",
+                          on_progress=None) -> list[Sample]:
+        out = [Sample(r.prompt_id, i, r.prompt_token_ids, (7, 8), self.reward(r.prompt_id, i, policy_version), "stop")
+               for r in requests for i in r.indices]
         self.calls.append({"step": step, "version": policy_version, "tag": tag, "samples": len(out),
-                           "prompts": [p.id for p, _, _ in rollouts], "temperature": temperature})
+                           "prompts": [r.prompt_id for r in requests], "sampling": {r.sampling for r in requests}})
         self.clock.advance(SECONDS_PER_SAMPLE * len(out))
         if tag == "":
             self.samples_total += len(out)

@@ -135,7 +135,7 @@ def test_the_suite_is_evaluated_on_schedule_and_the_best_checkpoint_is_kept(tmp_
     steps = steps_of(tmp_path)
     assert ["suite_math500" in r for r in steps] == [False, True, True]  # every 2 steps and at the end
     suite_calls = [c for c in fleet.rollouts.calls if c["tag"] == "suite"]
-    assert len(suite_calls) == 2 and all(c["temperature"] == 0.6 for c in suite_calls)
+    assert len(suite_calls) == 2 and all({s.temperature for s in c["sampling"]} == {0.6} for c in suite_calls)
     best = json.loads((tmp_path / "best.json").read_text())
     assert best["best_by"] == "math500" and (tmp_path / "checkpoints" / f"step-{best['step']:06d}").is_dir()
     assert (tmp_path / "checkpoints" / "step-000003").is_dir()  # the last one, beside the best despite keep=1

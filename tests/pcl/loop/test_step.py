@@ -6,8 +6,9 @@ import math
 
 import pytest
 
+from pcl.engines import SamplingParams
 from pcl.strategies.base import Needs, Request, Rollout, StepStrategy
-from tests.pcl.loop.fakes import SECONDS_PER_SAMPLE, FakeFleet, closest_to, config
+from tests.pcl.loop.fakes import SECONDS_PER_SAMPLE, FakeFleet, closest_to, config, world
 
 M, N = 4, 4
 STRATEGIES = {
@@ -50,6 +51,23 @@ def test_one_step_of_each_strategy_trains_on_m_groups_of_n(tmp_path, name):
         assert record["effective_ratio"] > 0 and all(0.0 < fleet.rates[i] < 1.0 for i in fleet.loop.last_ids)
     if name == "speed":  # screening of k*m with n_init, continuation of the accepted
         assert record["generation_rounds"] >= 2 and record["samples_generated"] >= 2 * M * 2 + M * (N - 2)
+
+
+def test_each_generation_asks_for_the_sampling_it_means(tmp_path):
+    """The batch and the reference pass sample with the rollout settings, the held-out evaluation at
+    run.eval_temperature, the suite with `pcl eval`'s decoding (its response budget the rollout's when unset)."""
+    cfg = config(STRATEGIES["prefilter"], run={"steps": 1, "eval_every": 1, "eval_samples": 2, "eval_temperature": 0.3},
+                 rollout={"temperature": 0.9, "top_p": 0.8, "top_k": 5, "max_new_tokens": 77},
+                 evaluation={"suite": ["math500"], "every": 1, "k": {"math500": 3}})
+    fleet = FakeFleet(tmp_path, cfg, held_out=3, suite={"math500": world()[0][:2]})
+    fleet.run.run()
+    asked: dict[str, set] = {}
+    for call in fleet.rollouts.calls:
+        asked.setdefault(call["tag"], set()).update(call["sampling"])
+    rollout = dict(temperature=0.9, top_p=0.8, top_k=5, max_new_tokens=77)
+    assert asked == {"reference": {SamplingParams(n=4, **rollout)}, "": {SamplingParams(n=N, **rollout)},
+                     "eval": {SamplingParams(n=2, **{**rollout, "temperature": 0.3})},
+                     "suite": {SamplingParams(n=3, temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=77)}}
 
 
 def test_the_probe_is_timed_apart_from_generation(tmp_path):
