@@ -6,6 +6,7 @@
     the training-data check    pcl/data/fingerprint.py (check_same_data), called by the sampler actor only
     the run's inputs           pcl/data/inputs.py (model paths, tokenizer, prompt sets)
     environment fallbacks      pcl/config.py (ENV_FALLBACKS)
+    sampling parameters        pcl/engines/request.py (SamplingParams: the loop's, the wire's and the engines' one type)
 """
 
 from __future__ import annotations
@@ -42,7 +43,19 @@ def holders(pattern: str, tops=CODE) -> list[str]:
     ("loading a run's tokenizer", r"AutoTokenizer\.from_pretrained\(", INPUT_CALLERS, []),
     ("loading a run's prompt sets", r"\bload_prompts\(", DRIVERS, []),
     ("resolving a run's model path", r"def resolve_model_path\b", CODE, ["pcl/data/inputs.py"]),
+    ("the sampling parameters of a request", r"(?m)^\s*class \w*SamplingParams\b", CODE, ["pcl/engines/request.py"]),
+    ("SamplingParams from its old home", r"from pcl\.engines\.base import (\([^)]*|[^(\n]*)\bSamplingParams\b", CODE, []),
 ])
 def test_a_rule_has_one_home(rule, pattern, tops, home):
     found = holders(pattern, tops)
     assert found == home, f"{rule}: written in {found}, expected only in {home}"
+
+
+def test_the_wire_carries_the_engines_sampling_params():
+    """The request stream's record holds the engine's own SamplingParams, not a copy of its fields."""
+    from typing import get_type_hints
+
+    from pcl.engines.request import SamplingParams
+    from services.streams.payloads import RequestRecord
+
+    assert get_type_hints(RequestRecord)["sampling"] is SamplingParams
