@@ -26,8 +26,16 @@ import sys
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     from pcl.tiny.build import build_tiny
 
-    build_tiny(seed=args.seed, out_dir=args.out, force=args.force, verbose=True, task=args.task,
-               from_scratch=args.from_scratch)
+    path = build_tiny(seed=args.seed, out_dir=args.out, force=args.force, verbose=True, task=args.task,
+                      from_scratch=args.from_scratch)
+    if args.ship:  # maintainers: this build becomes the package's shipped policy (pcl/tiny/shipped)
+        import json
+
+        from pcl.tiny.build import MARKER
+        from pcl.tiny.shipped import ship
+
+        for written in ship(path, json.loads((path / MARKER).read_text())):
+            print(f"wrote {written}")
     return 0
 
 
@@ -234,6 +242,8 @@ def _add_training_commands(sub) -> None:
     p.add_argument("--from-scratch", action="store_true",
                    help="train the policy here (minutes, one thread) instead of installing the policy shipped in "
                         "the package for this task and seed (pcl/tiny/shipped)")
+    p.add_argument("--ship", action="store_true",
+                   help="write the build's weights and record into pcl/tiny/shipped (with --from-scratch: maintainers)")
     p.add_argument("--task", default="tiny", choices=["tiny", "tiny-carry"],
                    help="the task family: sums answered alone (tiny) or with a scratchpad (tiny-carry)")
     p.set_defaults(func=_cmd_make_tiny)

@@ -10,7 +10,7 @@ report (it says where it came from). Everything else reads the result like any b
 
     pcl make-tiny --task tiny-carry                  # installs the shipped policy (a few seconds)
     pcl make-tiny --task tiny-carry --from-scratch   # trains it here (minutes, one thread, deterministic)
-    python -m pcl.tiny.shipped BUILD_DIR             # writes the shipped files from a build (maintainers)
+    pcl make-tiny --task tiny-carry --from-scratch --ship   # trains it and writes the shipped files (maintainers)
 
 `make test-slow` builds each shipped policy from scratch and compares it with the shipped one
 (tests/pcl/test_tiny_shipped.py): equal bit for bit on a machine like the one recorded, else within the build's
@@ -23,7 +23,6 @@ import hashlib
 import json
 import platform
 import shutil
-import sys
 from pathlib import Path
 from typing import Mapping
 
@@ -89,15 +88,12 @@ def machine() -> dict:
             "python": platform.python_version()}
 
 
-def ship(build_dir: str | Path) -> tuple[Path, Path]:
+def ship(build_dir: str | Path, marker: dict) -> tuple[Path, Path]:
     """Write the shipped files of a complete build: its model.safetensors as is, and a record holding the
-    build's marker (its settings), the weights' digest, the machine and the build's report."""
+    build's marker (its settings, `marker`), the weights' digest, the machine and the build's report."""
     from safetensors.torch import load_file
 
-    from pcl.tiny.build import MARKER
-
     build_dir = Path(build_dir)
-    marker = json.loads((build_dir / MARKER).read_text())
     report = json.loads((build_dir / "report.json").read_text())
     weights, record = shipped_paths(report["task"], marker["seed"])
     SHIPPED_DIR.mkdir(exist_ok=True)
@@ -107,10 +103,3 @@ def ship(build_dir: str | Path) -> tuple[Path, Path]:
         "weights_digest": weights_digest(load_file(weights)), "machine": machine(), "report": report,
     }, indent=2) + "\n")
     return weights, record
-
-
-if __name__ == "__main__":  # python -m pcl.tiny.shipped BUILD_DIR
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m pcl.tiny.shipped BUILD_DIR   (a complete `pcl make-tiny --from-scratch` build)")
-    for path in ship(sys.argv[1]):
-        print(f"wrote {path}")
