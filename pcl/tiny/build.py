@@ -18,7 +18,8 @@ rate decays over WARMUP_DECAY_STEPS; a build short of the target then goes on at
 WARMUP_STEPS): the starting policy is about as strong on every machine (the embedded default's settings are
 tuned for it), not merely trained for as many steps. The build then measures the policy's sampled pass rates
 on training prompts with the project's reward and reports their spread: the curriculum matters only if
-easy, intermediate and hard prompts all occur.
+easy, intermediate and hard prompts all occur. The warm-up is `pcl.tiny.warmup`, the measurement
+`pcl.tiny.measure`; a build with a shipped policy's settings installs it instead (`pcl.tiny.shipped`).
 """
 
 from __future__ import annotations
@@ -36,10 +37,11 @@ from typing import Callable, Iterator
 import torch
 
 from pcl.progress import Progress
-from pcl.tiny.task import format_prompt
-from pcl.tiny.tasks import ARITH, TinyTask, tiny_task
+from pcl.tiny.measure import MEASURE_SAMPLES, format_report, measure_pass_rates, summarize
 from pcl.tiny.shipped import load_shipped_weights, shipped_paths, shipped_record
+from pcl.tiny.tasks import ARITH, TinyTask, tiny_task
 from pcl.tiny.tokenizer import build_tokenizer
+from pcl.tiny.warmup import encode_for_training, warm_up
 
 MARKER = "COMPLETE"
 TRAIN_SIZE = 4096  # rows in train.jsonl (the config's data.tiny_size default)
@@ -53,7 +55,6 @@ WARMUP_STEPS = ARITH.warmup_steps
 WARMUP_BATCH = 64
 WARMUP_LR = 2e-3
 MEASURE_PROMPTS = 512
-MEASURE_SAMPLES = 16
 # The warm-up's stop: the first probe (PROBE_PROMPTS training prompts x PROBE_SAMPLES samples, ~1.5 s) from
 # step PROBE_FROM on, every PROBE_EVERY steps, whose mean pass rate reaches TARGET_PASS_RATE; else WARMUP_STEPS.
 TARGET_PASS_RATE = ARITH.target_pass_rate
@@ -110,162 +111,6 @@ def policy_config(tokenizer, max_positions: int = 64) -> "Qwen3Config":
         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, initializer_range=0.08, attn_implementation="eager",
     )
-
-
-def encode_for_training(rows: list[dict], tokenizer, response: Callable[[dict], str] = ARITH.response,
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded `<bos> prompt response <eos>` sequences and their labels, both [N, L] int64; the response of a
-    row is `response(row)` (the arithmetic task's: the answer).
-
-    Labels are -100 except on the response and its EOS: the warm-up teaches answering, not prompt statistics.
-    """
-    prompts = tokenizer([format_prompt(r["problem"]) for r in rows]).input_ids
-    answers = tokenizer([response(r) for r in rows], add_special_tokens=False).input_ids
-    targets = [answer + [tokenizer.eos_token_id] for answer in answers]
-    length = max(len(p) + len(t) for p, t in zip(prompts, targets))
-    pad = tokenizer.pad_token_id
-    input_ids = [p + t + [pad] * (length - len(p) - len(t)) for p, t in zip(prompts, targets)]
-    labels = [[-100] * len(p) + t + [-100] * (length - len(p) - len(t)) for p, t in zip(prompts, targets)]
-    return torch.tensor(input_ids), torch.tensor(labels)
-
-
-def warm_up(model, input_ids: torch.Tensor, labels: torch.Tensor, steps: int, batch_size: int, lr: float,
-            log: Callable[[str], None], stop: Callable[[int], bool] | None = None,
-            decay_steps: int | None = None) -> list[float]:
-    """Supervised warm-up: up to `steps` AdamW steps over consecutive batches of the (pre-shuffled) rows.
-
-    Linear warm-up for 5% of `decay_steps` (default: `steps`), cosine decay to 10% of lr at `decay_steps`,
-    then 10% of lr. `stop(done)`, called after each step but the last with the steps done (the model in
-    eval mode), ends the warm-up early by returning True.
-    Returns the loss of every step taken.
-    """
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.98), weight_decay=0.0)
-    decay_steps = steps if decay_steps is None else min(decay_steps, steps)
-    warm = max(1, decay_steps // 20)
-
-    def schedule(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        progress = min(1.0, (step - warm) / max(1, decay_steps - warm))
-        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    model.train()
-    losses = []
-    every, started = max(1, steps // 10), time.perf_counter()
-    for step in range(steps):
-        start = (step * batch_size) % input_ids.shape[0]
-        batch = slice(start, start + batch_size)
-        # Right padding only, so no attention mask is needed: pads sit after every real token.
-        loss = model(input_ids=input_ids[batch], labels=labels[batch]).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        if (step + 1) % every == 0 or step + 1 == steps:
-            recent = losses[-every:]
-            log(f"  warm-up step {step + 1:5d}/{steps}  loss {sum(recent) / len(recent):.4f}"
-                f"  {time.perf_counter() - started:6.1f}s")
-        if stop is not None and step + 1 < steps:
-            model.eval()
-            if stop(step + 1):
-                log(f"  warm-up stopped at step {step + 1}/{steps}")
-                break
-            model.train()
-    model.eval()
-    return losses
-
-
-def measure_pass_rates(model, tokenizer, rows: list[dict], samples: int, seed: int,
-                       batch_prompts: int = 128, progress: Callable[[int], None] | None = None,
-                       response: Callable[[dict], str] = ARITH.response) -> list[float]:
-    """Per-prompt pass rate: the mean reward of `samples` responses sampled at temperature 1.
-
-    Batched HF generate with left padding; max_new_tokens is the batch's longest `response` + 2, and a
-    response that does not end with EOS within it is truncated and scores 0 (algorithm step 5).
-    """
-    from pcl.reward.verdict import response_reward
-
-    torch.manual_seed(seed)
-    rates = []
-    for start in range(0, len(rows), batch_prompts):
-        chunk = rows[start : start + batch_prompts]
-        encoded = tokenizer([format_prompt(r["problem"]) for r in chunk], padding=True, return_tensors="pt")
-        with torch.no_grad():
-            output = model.generate(
-                **encoded, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, num_return_sequences=samples,
-                max_new_tokens=max(len(response(r)) for r in chunk) + 2,
-            )
-        responses = output[:, encoded.input_ids.shape[1] :].view(len(chunk), samples, -1)  # [prompts, n, T]
-        for row, row_responses in zip(chunk, responses):
-            rewards = []
-            for sample in row_responses.tolist():
-                stopped = tokenizer.eos_token_id in sample  # else truncated: scored 0, not verified
-                text = tokenizer.decode(sample[: sample.index(tokenizer.eos_token_id)], skip_special_tokens=True) \
-                    if stopped else ""
-                rewards.append(response_reward("stop" if stopped else "length", text, row["answer"]))
-            rates.append(sum(rewards) / samples)
-        if progress is not None:
-            progress(len(chunk))
-    return rates
-
-
-def summarize(rates: list[float], difficulties: list[int], level_name: Callable[[int], str] = ARITH.level_name
-              ) -> dict:
-    """The spread of pass rates: 10-bin histogram, mean, share in [0.1, 0.9], mean by difficulty level."""
-    histogram = [0] * 10
-    for rate in rates:
-        histogram[min(int(rate * 10 + 1e-9), 9)] += 1
-    by_level: dict[int, list[float]] = {}
-    for rate, level in zip(rates, difficulties):
-        by_level.setdefault(level, []).append(rate)
-    return {
-        "prompts": len(rates),
-        "mean": sum(rates) / len(rates),
-        "intermediate_share": sum(0.1 <= r <= 0.9 for r in rates) / len(rates),
-        "never_share": sum(r < 0.1 for r in rates) / len(rates),
-        "always_share": sum(r > 0.9 for r in rates) / len(rates),
-        # uniform GRPO's expected effective ratio at n=8: the chance a prompt's 8 samples are not all alike
-        "effective_ratio_n8": sum(1 - r**8 - (1 - r) ** 8 for r in rates) / len(rates),
-        "histogram": histogram,
-        "by_difficulty": {
-            str(level): {"name": level_name(level), "prompts": len(v), "mean": sum(v) / len(v)}
-            for level, v in sorted(by_level.items())
-        },
-    }
-
-
-def format_report(report: dict) -> str:
-    """A human-readable summary of report.json's pass rates and timings."""
-    rates = report["pass_rates"]
-    peak = max(rates["histogram"]) or 1
-    samples = f"{MEASURE_SAMPLES} samples each, temperature 1"
-    lines = []
-    if "warmup_steps_taken" in report:
-        stopped = report["warmup_steps_taken"] < report["warmup_steps"]
-        lines.append(f"warm-up: {report['warmup_steps_taken']} of at most {report['warmup_steps']} steps"
-                     + (f", stopped at the probe pass rate {report['probes'][-1]['pass_rate']:.3f} "
-                        f"(target {report['target_pass_rate']})" if stopped else ""))
-    lines.append(f"pass rates of {rates['prompts']} training prompts ({samples}):")
-    for i, count in enumerate(rates["histogram"]):
-        bar = "#" * round(40 * count / peak)
-        lines.append(f"  [{i / 10:.1f}, {(i + 1) / 10:.1f}{']' if i == 9 else ')'} {count:5d} {bar}")
-    lines.append(f"  mean pass rate {rates['mean']:.3f}; "
-                 f"share with 0.1 <= p <= 0.9: {rates['intermediate_share']:.1%}")
-    if "never_share" in rates:  # reports of older builds lack these
-        lines.append(f"  p < 0.1: {rates['never_share']:.1%}; p > 0.9: {rates['always_share']:.1%}; uniform GRPO's "
-                     f"expected effective ratio at n=8: {rates['effective_ratio_n8']:.3f}")
-    for level, stats in rates["by_difficulty"].items():
-        lines.append(f"  difficulty {level} ({stats['name']}): {stats['prompts']:4d} prompts, "
-                     f"mean {stats['mean']:.3f}")
-    lines.append(
-        f"build {report['build_seconds']:.1f}s (warm-up {report['warmup_seconds']:.1f}s, measurement "
-        f"{report['measure_seconds']:.1f}s, {report['cpu_seconds']:.0f} CPU seconds, load average "
-        f"{report['load_average']:.2f})"
-    )
-    return "\n".join(lines)
 
 
 @contextmanager

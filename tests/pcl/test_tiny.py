@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pcl.reward.verdict import math_reward
-from pcl.tiny import build
+from pcl.tiny import build, measure
 from pcl.tiny.build import MARKER, build_tiny, summarize, tiny_dir
 from pcl.tiny.task import LEVELS, format_prompt, make_dataset, split_of
 from pcl.tiny.tokenizer import VOCAB, build_tokenizer
@@ -327,6 +327,6 @@ def test_measure_pass_rates_takes_a_task_response_over_several_chunks():
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(build.policy_config(tokenizer, CARRY.max_positions)).eval()
     rows = CARRY.train_rows(5, 0)
-    rates = build.measure_pass_rates(model, tokenizer, rows, samples=2, seed=0, batch_prompts=2,
+    rates = measure.measure_pass_rates(model, tokenizer, rows, samples=2, seed=0, batch_prompts=2,
                                      response=CARRY.response)
     assert len(rates) == 5 and all(r in (0.0, 0.5, 1.0) for r in rates)
