@@ -104,7 +104,11 @@ class ValueModelConfig(Section):
     score_dtype: Literal["auto", "float32", "bfloat16"] = Field("auto", description="dtype of the copy of V "
                                                                "that scores candidates, refreshed after each V "
                                                                "step; auto: bfloat16 on GPU, float32 on CPU.")
-    ev_sample: int = Field(32, ge=0, description="Unfiltered candidates rolled out each step to measure V's explained variance.")
+    ev_sample: int = Field(32, ge=0, description="Unfiltered candidates rolled out on a probe step to measure V's "
+                           "explained variance (monitoring: never trained on).")
+    ev_every: int = Field(4, ge=1, description="Steps between V's explained-variance probes (steps 1, 1+N, ...); "
+                          "the figure covers the last 4 probes. 1: every step (on tiny-carry the probe is then about "
+                          "15% of a PCL step's time).")
     max_tokens_per_micro_batch: int | None = Field(None, ge=2, description="Prompt tokens of one scoring or training "
                                                    "pass, padding included (prompts x the longest), besides batch_size; "
                                                    "at least data.max_prompt_tokens. null: batch_size prompts a pass.")

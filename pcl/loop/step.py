@@ -88,6 +88,7 @@ class StepLoop:
         self.state = LoopState(cfg.run.seed)
         self.reference: dict[str, float] | None = None  # initial policy's pass rate by prompt id (when known)
         self.last_ids: list[str] = []  # the prompts the last step trained on
+        self.last_indices: list[list[int]] = []  # the sample indices of each of them (selections.jsonl)
 
     @property
     def policy_version(self) -> int:
@@ -103,6 +104,7 @@ class StepLoop:
             batch = self.collect_batch(step, timer)  # 1-5. candidates, V, selection, verified responses
             self.last_ids = batch.ids
             samples = batch.ledger.samples_of(batch.ids)
+            self.last_indices = [[s.sample_index for s in batch.ledger.samples_of([pid])] for pid in batch.ids]
             groups = group_samples(samples, batch.ids, n)
             with timer("train_seconds"):  # 6-7. group-mean advantages, one policy-gradient step; 8. train V
                 value_step = self.train_value(batch.prompts, groups.pass_rates)
@@ -140,7 +142,7 @@ class StepLoop:
             with timer("selection_seconds"):
                 candidates, values = self.candidates(strategy.next_request())  # 1-2. candidates, V(x)
                 rollouts = strategy.propose(candidates, values)  # 3. e.g. the m closest to tau
-                probe = self.choose_probe(candidates, values, rollouts, batch)
+                probe = self.choose_probe(candidates, values, rollouts, batch) if self.probe_due(step) else []
                 if strategy.needs.prefetch:
                     self.prefetch_candidates()  # the next step's, scored while this one generates
             samples = self.generate(step, rollouts, probe, batch, timer)  # 4-5.
@@ -200,6 +202,11 @@ class StepLoop:
         """The rollout fleet serves `version` from here on."""
         self.learner.sync_weights(version)
         self.state.policy_version = version
+
+    def probe_due(self, step: int) -> bool:
+        """V's explained-variance probe runs on every `value.ev_every`-th step (the first included): it is
+        monitoring, and its rollouts cost the step time they take."""
+        return step % self.cfg.value.ev_every == 0
 
     def choose_probe(self, candidates: list[PromptRecord], values: np.ndarray | None, rollouts: list,
                      batch: StepBatch) -> list[PromptRecord]:

@@ -81,6 +81,19 @@ def test_the_probe_is_timed_apart_from_generation(tmp_path):
     assert record["probe_seconds"] == pytest.approx(record["probe_samples"] * SECONDS_PER_SAMPLE)
 
 
+def test_the_probe_runs_every_ev_every_steps_only(tmp_path):
+    """V's explained-variance probe is monitoring: on steps between probes a PCL step generates the batch alone
+    (no probe samples, no probe seconds, no EV figure); on probe steps the figure covers the recent probes."""
+    fleet = FakeFleet(tmp_path, config(STRATEGIES["pcl"], value={"ev_sample": 6, "ev_every": 3}, run={"steps": 7}))
+    records = [fleet.loop.train_step(step) for step in range(7)]
+    probed = [r["probe_samples"] > 0 for r in records]
+    assert probed == [True, False, False, True, False, False, True]
+    for record, due in zip(records, probed):
+        assert (record["value_explained_variance"] is not None) == due
+        assert record["samples_generated"] == M * N and (record["probe_seconds"] > 0) == due
+        assert fleet.rollouts.calls[records.index(record)]["samples"] == M * N + record["probe_samples"]
+
+
 def test_pipelined_selection_scores_the_next_steps_candidates_during_this_step(tmp_path):
     fleet = FakeFleet(tmp_path, config({**STRATEGIES["pcl"], "pipelined": True}))
     first, second = fleet.loop.train_step(0), fleet.loop.train_step(1)
