@@ -88,10 +88,12 @@ class LearnerRank:
         self.weight_listener = None
         return True
 
-    def broadcast_weights(self, bucket_bytes: int) -> int:
-        """All ranks gather the full weights (a collective); rank 0 broadcasts them to the vLLM workers."""
-        state = self.learner.full_state_dict()
-        return self.weight_group.broadcast(state, bucket_bytes) if self.rank == 0 else 0
+    def broadcast_weights(self, bucket_bytes: int, skip: Sequence[str] = ()) -> int:
+        """All ranks gather the weights bucket by bucket (a collective); rank 0 broadcasts each bucket to the vLLM
+        workers from its device as it is gathered, leaving out `skip` (weights the engines tie to others)."""
+        from pcl.weight_sync.stream import send_weights
+
+        return send_weights(self.learner, self.weight_group if self.rank == 0 else None, bucket_bytes, skip)
 
     def state_dict(self) -> dict[str, Any]:
         return self.learner.state_dict()
@@ -153,10 +155,10 @@ class LearnerGroup:
         ray.wait(refs[:1], timeout=self.timeout_s)
         return refs[0]
 
-    def broadcast_refs(self, bucket_bytes: int) -> list:
-        """Start a weight broadcast from rank 0 (the other ranks join its gather); the caller gathers the refs
-        together with the receivers' (`rollout.weight_sync: collective`)."""
-        return [r.broadcast_weights.remote(bucket_bytes) for r in self.ranks]
+    def broadcast_refs(self, bucket_bytes: int, skip: Sequence[str] = ()) -> list:
+        """Start a weight broadcast from rank 0 (the other ranks join its gathers), leaving out `skip`; the caller
+        gathers the refs together with the receivers' (`rollout.weight_sync: collective`)."""
+        return [r.broadcast_weights.remote(bucket_bytes, tuple(skip)) for r in self.ranks]
 
     def call_all(self, method: str, *args) -> list:
         return self._gather([getattr(r, method).remote(*args) for r in self.ranks], f"learner {method}")

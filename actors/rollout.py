@@ -87,6 +87,11 @@ class RolloutWorker:
             return self.service.engine.join_weight_group(address[0], address[1], rank_offset, world_size, backend,
                                                          timeout_s)
 
+    def tied_weights(self) -> dict[str, str]:
+        """vLLM: {name: the name it is tied to} of the weights its model shares (a collective sync skips them)."""
+        with self.service.lock:
+            return self.service.engine.tied_weights()
+
     def receive_weights(self, version: int) -> dict[str, float]:
         """vLLM: take policy `version` from learner rank 0's broadcast (and serve, if not yet)."""
         start = time.perf_counter()

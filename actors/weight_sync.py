@@ -8,8 +8,10 @@
   (`RolloutWorker.load_weights`). Works with any engine; the weights pass through host memory.
 - `collective` (`CollectiveWeights`): learner rank 0 and every vLLM worker form one torch.distributed group
   (`pcl.weight_sync.collective`: NCCL with GPUs, else gloo) and each step's weights are broadcast bucket by
-  bucket into vLLM. Ranks: learner rank 0 is 0; rollout worker i holds ranks 1 + i * tensor_parallel_size
-  onwards (one per vLLM worker). A worker that Ray restarted is not in the group: it takes the weights by rpc,
+  bucket into vLLM, from the learner's device as they are gathered (`pcl.weight_sync.stream`), leaving out the
+  weights every engine ties to another (a tied `lm_head.weight`: the engines load the embedding for it).
+  Ranks: learner rank 0 is 0; rollout worker i holds ranks 1 + i * tensor_parallel_size onwards (one per vLLM
+  worker). A worker that Ray restarted is not in the group: it takes the weights by rpc,
   and the group re-forms with it at the next sync.
 
 A group that cannot form or a transfer that fails raises within the timeout (naming the address); the
@@ -61,6 +63,7 @@ class CollectiveWeights:
         self.learners, self.workers, self.cfg = learners, workers, rollout_cfg
         self.backend, self.timeout_s = backend, timeout_s
         self.formed = False
+        self.skip: tuple[str, ...] = ()  # weights every engine ties to another: not sent
         self.ref, self.ref_version = None, None  # weights put in the object store for restarted workers
 
     def form(self) -> None:
@@ -75,13 +78,16 @@ class CollectiveWeights:
         refs += [w.join_weight_group.remote(address, 1 + i * tp, world, self.backend, join_timeout)
                  for i, w in enumerate(self.workers)]
         gather(refs, self.timeout_s, f"weight-sync group at {address[0]}:{address[1]}")
-        log.info("weight-sync group formed at %s:%s (%s, %d members)", *address, self.backend, world)
+        ties = gather([w.tied_weights.remote() for w in self.workers], self.timeout_s, "tied weights")
+        self.skip = tuple(sorted(set.intersection(*(set(t) for t in ties)))) if ties else ()
+        log.info("weight-sync group formed at %s:%s (%s, %d members; tied, not sent: %s)", *address, self.backend,
+                 world, ", ".join(self.skip) or "none")
         self.formed = True
 
     def sync(self, version: int) -> None:
         if not self.formed:
             self.form()
-        refs = self.learners.broadcast_refs(self.cfg.weight_sync_bucket_mb << 20)
+        refs = self.learners.broadcast_refs(self.cfg.weight_sync_bucket_mb << 20, self.skip)
         refs += [w.receive_weights.remote(version) for w in self.workers]
         try:
             gather(refs, self.timeout_s, "weight broadcast")
