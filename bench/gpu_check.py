@@ -21,6 +21,9 @@ Each check uses the product's own classes:
   value       pcl.models.value.ValueModel + ValueTrainer: scoring k*m prompts in float32 and with the bfloat16 scoring
               copy (the ratio of the two times), one training step on m, the copy's refresh
   weight sync PolicyLearner.full_state_dict (the gather) + HFEngine.load_weights (the copy in), seconds
+  weights     with --weights (off by default): the scale check's Qwen3-1.7B-shaped policy packed into the collective
+              weight sync's broadcast buckets (256 MiB) through host memory (the full state to the CPU and back)
+              and streamed on the device, seconds and peak host memory each, and their ratios (bench.weight_buckets)
 
 Random weights rarely emit EOS, so every response runs to its token budget. The last line printed is the scale
 check's MFU.
@@ -151,6 +154,17 @@ def check_scale(tmp: Path, device: str, small: bool, sizes: tuple, peak: float |
     return figures
 
 
+def check_weight_buckets(tmp: Path, device: str, small: bool) -> dict:
+    """bench.weight_buckets on the scale check's policy (built in `tmp` if the scale check did not run)."""
+    from bench.weight_buckets import SMALL_BUCKET_BYTES, check_weights
+
+    dtype = preset_learner_settings()["dtype"] if device.startswith("cuda") else "float32"
+    path = tmp / "scale"
+    if not (path / "config.json").exists():
+        path = build_qwen3(path, SHAPES["small" if small else "1.7b"], getattr(torch, dtype), device)
+    return check_weights(path, device, dtype, SMALL_BUCKET_BYTES if small else 256 << 20)
+
+
 def check_engine(path: Path, device: str, dtype: str, sizes: tuple) -> tuple[dict, object]:
     from pcl.engines import SamplingParams
     from pcl.engines.hf import HFEngine
@@ -255,6 +269,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="the device's dense bf16 peak for the MFU (default: PEAK_TFLOPS by device name)")
     parser.add_argument("--scale-variants", default="", help="comma-separated learner settings to run the scale "
                         f"check with besides the preset's ({', '.join(SCALE_VARIANTS)})")
+    parser.add_argument("--weights", action="store_true", help="also time packing the scale check's policy into "
+                        "weight-sync buckets through host memory and streamed on the device (bench.weight_buckets)")
     parser.add_argument("--skip", default="", help="comma-separated checks to leave out: scale, engine, learner, "
                         "value (weight sync needs engine and learner)")
     add_json_option(parser)
@@ -278,6 +294,8 @@ def main(argv: list[str] | None = None) -> dict:
                 Path(tmp), args.device, args.small, sizes["scale"], report["peak_tflops"], SCALE_VARIANTS[name])
             print(f"  variant {name}: {_scale_line(report['scale_variants'][name], report['peak_tflops'])}",
                   flush=True)
+        if args.weights:
+            report["weights"] = check_weight_buckets(Path(tmp), args.device, args.small)
         path = build_qwen3(Path(tmp) / "policy", SHAPES["small" if args.small else "0.6b"], getattr(torch, dtype))
         report["parameters"] = _parameters(path)
         engine = learner = None
@@ -350,6 +368,10 @@ def print_report(r: dict) -> None:
         w = r["weight_sync"]
         print(f"  weight sync  {w['tensors']} tensors, {w['bytes'] / 1e6:.1f} MB: gather {w['gather_seconds']:.3f} s "
               f"+ load {w['load_seconds']:.3f} s = {w['seconds']:.3f} s")
+    if "weights" in r:
+        from bench.weight_buckets import weights_line
+
+        print(f"  weights      {weights_line(r['weights'])}")
     if "scale" in r:
         print(f"scale check MFU: {_ratio(r['scale']['mfu'], r['peak_tflops'])}")
 

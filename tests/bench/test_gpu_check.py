@@ -28,7 +28,8 @@ def test_gpu_check_smoke_runs_without_the_service_packages(tmp_path):
     probe = subprocess.run([sys.executable, "-c", "import pydantic"], env=env, capture_output=True, text=True)
     assert probe.returncode != 0 and "made unimportable" in probe.stderr  # the shim is in force
     out = tmp_path / "check.json"
-    done = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--small", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--small", "--weights", "--out",
+                           str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -38,4 +39,9 @@ def test_gpu_check_smoke_runs_without_the_service_packages(tmp_path):
     for key in ("engine", "learner", "value", "weight_sync"):
         assert key in report, key
     assert report["learner"]["tokens_per_second"] > 0 and report["weight_sync"]["tensors"] > 0
+    weights = report["weights"]  # --weights: both ways of packing the scale policy's weights, the same bytes
+    assert weights["bytes"] > 0 and weights["host"]["seconds"] > 0 and weights["streamed"]["seconds"] > 0
+    assert weights["seconds_ratio"] > 0 and weights["streamed"]["host_peak_gb"] is not None
+    assert any(line.strip().startswith("weights") and "streamed on the device" in line
+               for line in done.stdout.splitlines())
     assert "scale check MFU" in done.stdout.splitlines()[-1]
