@@ -18,6 +18,7 @@ temperature, top-k or repetition penalty) leaks into sampling except its EOS ids
 from __future__ import annotations
 
 import gc
+import warnings
 
 import torch
 
@@ -34,6 +35,10 @@ from pcl.engines.base import (
     resolve_dtype,
 )
 from pcl.engines.request import SamplingParams
+
+# transformers 5.x renames generate's and forward's `past_key_values` to `cache` and warns on every call (two
+# lines per batch in a worker's log); the older name is the one every supported version accepts.
+warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
 
 
 class HFEngine(Engine):
