@@ -27,7 +27,7 @@ from pcl.config_schema import (
     UniformSelection, PCLSelection, PrefilterSelection, DynamicSamplingSelection, SpeedSelection,
     GresoSelection, ProbeSelection, RolloutConfig, VerifierConfig, LearnerConfig, RedisConfig, ControlConfig,
     CheckpointConfig, EvaluationConfig, LoggingConfig, ClusterConfig, Config, Resources, TINY_SOURCES,
-    Selection,
+    Selection, OffPolicyConfig, LOGPROB_ENGINES,
 )
 from pcl.credentials import MASK, check_token, mask_url, redact
 
@@ -36,8 +36,8 @@ __all__ = [  # the schema's names (pcl.config_schema) and the loading's
     "UniformSelection", "PCLSelection", "PrefilterSelection", "DynamicSamplingSelection", "SpeedSelection",
     "GresoSelection", "ProbeSelection", "RolloutConfig", "VerifierConfig", "LearnerConfig", "RedisConfig",
     "ControlConfig", "CheckpointConfig", "EvaluationConfig", "LoggingConfig", "ClusterConfig", "Config",
-    "Resources", "TINY_SOURCES", "Selection", "parse_override", "validate_tree", "load_config", "dump_config",
-    "redacted", "ENV_FALLBACKS", "apply_env_fallbacks",
+    "Resources", "TINY_SOURCES", "Selection", "OffPolicyConfig", "LOGPROB_ENGINES", "parse_override", "validate_tree",
+    "load_config", "dump_config", "redacted", "ENV_FALLBACKS", "apply_env_fallbacks",
 ]
 
 # The environment variable each of these keys falls back to when the command line and the YAML layers leave it

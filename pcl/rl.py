@@ -6,6 +6,8 @@ Pure torch functions, no state: the learner and the coordinator call them on bat
     adv = group_advantages(rewards)                      # [m, n] step 6
     logp = token_logprobs(policy(tokens).logits, tokens_next)   # [B, T], B = m*n
     loss = policy_gradient_loss(logp, logp.detach(), adv.flatten(), mask)   # step 7
+    w, ratio = truncated_importance_weights(logp, engine_logp, mask, cap=2.0)   # samples of an older policy
+    loss = policy_gradient_loss(logp, logp.detach(), adv.flatten(), mask, weights=w)
     v_loss = value_loss(value_model(prompts), rewards.mean(-1))             # step 8
     metrics = effective_ratio(rewards), explained_variance(rewards.mean(-1), predicted_values)
 """
@@ -22,6 +24,8 @@ import torch
 ADVANTAGE_ATOL = 1e-6
 # Var(p) at or below this makes explained variance undefined (every prompt has the same pass rate).
 VARIANCE_EPS = 1e-12
+# The step metrics of the importance ratios (`importance_ratio_metrics`), fields of the step record.
+IMPORTANCE_RATIO_KEYS = ("importance_ratio_mean", "importance_ratio_max", "importance_ratio_clipped_share")
 
 
 def _check_rewards(rewards: torch.Tensor) -> torch.Tensor:
@@ -97,6 +101,7 @@ def policy_gradient_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     num_sequences: int | None = None,
+    weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Loss of the on-policy step: minimising it maximises E[(1/|y|) sum_l ratio_l * A] (algorithm step 7).
 
@@ -109,20 +114,25 @@ def policy_gradient_loss(
     (or over data-parallel ranks) passes the global count to each part: the parts' losses, and so their
     gradients, then add up to those of the whole batch. It defaults to B (the batch is all there is).
 
+    `weights` scales each token's term: -(sum_i (1/|y_i|) sum_l w_il * ratio_il * A_i * mask_il) / num_sequences.
+    They are the off-policy correction's (`truncated_importance_weights`) for samples an older policy generated;
+    None leaves the terms unscaled, computed exactly as the on-policy loss.
+
     Args:
         logprobs: [B, T] log pi(y_l | x, y_<l) under the parameters being trained (with grad).
         old_logprobs: [B, T] the same under the sampling policy pi_t (detached here).
         advantages: [B] advantage of each sequence (constant over its tokens).
         mask: [B, T] 1 (or True) for response tokens, 0 for prompt and padding.
         num_sequences: divisor, the number of sequences of the whole batch; must be > 0.
+        weights: [B, T] per-token weights (detached here), or None.
 
     Returns:
         Scalar loss. A sequence with no response token (|y| = 0) contributes 0.
     """
     if logprobs.ndim != 2:
         raise ValueError(f"logprobs: expected shape [B, T], got {tuple(logprobs.shape)}")
-    for name, tensor in (("old_logprobs", old_logprobs), ("mask", mask)):
-        if tensor.shape != logprobs.shape:
+    for name, tensor in (("old_logprobs", old_logprobs), ("mask", mask), ("weights", weights)):
+        if tensor is not None and tensor.shape != logprobs.shape:
             raise ValueError(f"{name}: expected the shape of logprobs {tuple(logprobs.shape)}, "
                              f"got {tuple(tensor.shape)}")
     if advantages.shape != logprobs.shape[:1]:
@@ -135,9 +145,66 @@ def policy_gradient_loss(
     # reach the loss or leak NaN gradients through the masked-out positions.
     log_ratio = torch.where(mask, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
     ratio = torch.exp(log_ratio) * mask  # [B, T]
+    if weights is not None:
+        ratio = ratio * torch.where(mask, weights.detach().to(ratio.dtype), 0.0)  # padding's weight is never read
     lengths = mask.sum(dim=-1).clamp(min=1).to(ratio.dtype)  # [B]; |y| = 0 gives 0 / 1 = 0
     per_sequence = ratio.sum(dim=-1) / lengths * advantages.detach().to(ratio.dtype)  # [B]
     return -per_sequence.sum() / num_sequences
+
+
+def truncated_importance_weights(
+    logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token weights of the policy-gradient loss for samples the engine generated with another policy.
+
+    Truncated importance sampling (TIS: "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training",
+    Yao et al., 2025; verl's and SkyRL's `tis_imp_ratio_cap`): the gradient of step 7 is an expectation under the
+    learner's policy, the samples come from the engine's (a policy some versions older, or the same weights in
+    another numerical form), so each token's term is weighted by the importance ratio
+    r_l = pi_learner(y_l | ...) / pi_engine(y_l | ...) = exp(logprobs_l - engine_logprobs_l), truncated at `cap`:
+    w_l = min(r_l, cap), detached. The truncation bounds the variance a token the engine rarely samples would add,
+    for a bias towards the engine's policy. At r = 1 everywhere (on-policy) the weights are 1 and the loss is the
+    on-policy one.
+
+    Args:
+        logprobs: [B, T] the learner's log-probabilities of the sampled tokens (detached here).
+        engine_logprobs: [B, T] the engine's log-probabilities of the same tokens.
+        mask: [B, T] 1 (or True) for response tokens, 0 for prompt and padding.
+        cap: the truncation C >= 1.
+
+    Returns:
+        (weights, ratios), [B, T] each, detached, 0 outside the mask.
+    """
+    if logprobs.ndim != 2 or engine_logprobs.shape != logprobs.shape or mask.shape != logprobs.shape:
+        raise ValueError(f"logprobs, engine_logprobs, mask: expected one shape [B, T], got {tuple(logprobs.shape)}, "
+                         f"{tuple(engine_logprobs.shape)}, {tuple(mask.shape)}")
+    if not cap >= 1:  # a cap below 1 would down-weight on-policy tokens too
+        raise ValueError(f"cap: expected >= 1, got {cap}")
+    mask = mask.to(torch.bool)
+    # Masked before exp, as in the loss: padding may hold -inf or NaN log-probabilities.
+    log_ratio = torch.where(mask, logprobs.detach() - engine_logprobs.detach().to(logprobs.dtype), 0.0)
+    ratios = torch.where(mask, torch.exp(log_ratio), 0.0)
+    return ratios.clamp(max=cap), ratios
+
+
+def importance_ratio_totals(ratios: torch.Tensor, mask: torch.Tensor, cap: float) -> torch.Tensor:
+    """[4] (sum, count, count above `cap`, max) of the importance ratios over the response tokens: figures that
+    add up (max: take the largest) over micro-batches and ranks without a device sync; `importance_ratio_metrics`
+    turns them into the step's metrics."""
+    mask = mask.to(torch.bool)
+    picked = ratios.detach().double()[mask]
+    largest = picked.max() if picked.numel() else picked.new_zeros(())
+    return torch.stack([picked.sum(), picked.new_tensor(float(picked.numel())), (picked > cap).sum().double(),
+                        largest])
+
+
+def importance_ratio_metrics(total: float, count: float, above_cap: float, largest: float) -> dict[str, float]:
+    """The step's `IMPORTANCE_RATIO_KEYS` from the totals of `importance_ratio_totals`: the mean and largest ratio
+    over the trained tokens, and the share of tokens whose ratio exceeded the cap (their weight is the cap). NaN
+    where there was no token."""
+    if not count:
+        return dict.fromkeys(IMPORTANCE_RATIO_KEYS, math.nan)
+    return dict(zip(IMPORTANCE_RATIO_KEYS, (total / count, largest, above_cap / count)))
 
 
 def value_loss(

@@ -69,11 +69,13 @@ def group_samples(samples: Sequence[Sample], prompt_ids: Sequence[str], n: int) 
     return Groups(list(prompt_ids), rows, rewards)
 
 
-def training_sequences(groups: Groups) -> list[dict]:
+def training_sequences(groups: Groups, correction: str = "none") -> list[dict]:
     """The learner's input: one dict per sample with a non-zero advantage (algorithm step 6).
 
     Each dict has `prompt_token_ids`, `response_token_ids` (lists of int) and `advantage` (float), and
     `response_logprobs` (list of float: the engine's, for the learner's on-policy gap) when the engine reported them.
+    An off-policy `correction` (learner.off_policy.correction) weights each token by the engine's log-probs: a
+    trained sample without them is then a ValueError naming the setting, never a silent on-policy fallback.
     """
     if groups.rewards.size == 0:
         return []
@@ -89,6 +91,9 @@ def training_sequences(groups: Groups) -> list[dict]:
                 }
                 if sample.response_logprobs is not None:
                     sequence["response_logprobs"] = list(sample.response_logprobs)
+                elif correction != "none":
+                    raise ValueError(f"sample ({sample.prompt_id!r}, {sample.sample_index}) has no engine "
+                                     f"log-probabilities, which learner.off_policy.correction = {correction!r} needs")
                 out.append(sequence)
     return out
 

@@ -110,8 +110,9 @@ def split_micro_batches(chunks: list[list[int]], lengths: Sequence[int], count: 
 
 
 def check_sequences(sequences: Sequence[dict], num_sequences: int, vocab_size: int,
-                    max_tokens: int | None = None) -> str | None:
-    """The first problem with a rank's share, as a message naming the bad input; None when usable."""
+                    max_tokens: int | None = None, correction: str = "none") -> str | None:
+    """The first problem with a rank's share, as a message naming the bad input; None when usable. With an
+    off-policy `correction` (learner.off_policy.correction) every sequence must carry the engine's log-probs."""
     if not isinstance(num_sequences, Integral) or num_sequences < max(1, len(sequences)):
         return (f"num_sequences: expected an int >= the {len(sequences)} sequences of this rank "
                 f"(and >= 1), got {num_sequences!r}")
@@ -134,6 +135,9 @@ def check_sequences(sequences: Sequence[dict], num_sequences: int, vocab_size: i
             return (f"sequence {index}: {length(seq)} tokens (prompt + response) exceed "
                     f"learner.max_tokens_per_micro_batch = {max_tokens}; raise it to at least {length(seq)}")
         logprobs = seq.get("response_logprobs")
+        if logprobs is None and correction != "none":
+            return (f"sequence {index}: no response_logprobs (the engine's log-probabilities of its tokens), which "
+                    f"learner.off_policy.correction = {correction!r} needs")
         if logprobs is not None and len(logprobs) != len(seq["response_token_ids"]):
             return (f"sequence {index}: response_logprobs has {len(logprobs)} entries for "
                     f"{len(seq['response_token_ids'])} response tokens")
