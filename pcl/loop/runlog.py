@@ -17,7 +17,8 @@ from typing import Any, Iterator
 from pcl.loop.record import STEP_KEYS, StepRecord  # noqa: F401 - STEP_KEYS: the keys every training step carries
 
 METRICS_FILE = "metrics.jsonl"
-SELECTIONS_FILE = "selections.jsonl"  # the prompt ids each step trained on: {"step": s, "ids": [...]}
+# the prompts each step trained on and the sample indices of each: {"step": s, "ids": [...], "samples": [[0, ...]]}
+SELECTIONS_FILE = "selections.jsonl"
 
 
 
