@@ -1,0 +1,136 @@
+"""The chaos run's invariants (`pcl.tools.chaos_checks`) and report (`pcl.tools.chaos_report`) on crafted records:
+a clean run passes each check, and each kind of violation is flagged by name."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from pcl.tools.chaos_checks import (MALFORMED_MARK, check_accuracy, check_batches, check_control, check_processes,
+                                    check_steps, check_streams, check_weights)
+from pcl.tools.chaos_report import build_report, commit_times, format_report, recover, steps_redone
+from pcl.tools.chaos_schedule import draw_schedule
+
+M, N, STEPS = 3, 2, 4
+
+
+def clean_run() -> tuple[list[dict], list[dict]]:
+    """metrics.jsonl and selections.jsonl of a clean 4-step run (with the step-0 evaluation line)."""
+    metrics = [{"step": 0, "policy_version": 0, "eval_accuracy": 0.5}]
+    selections = []
+    for s in range(1, STEPS + 1):
+        metrics.append({"step": s, "policy_version": s, "effective_ratio": 0.5, "batch_samples": M * N,
+                        "batch_unique_samples": M * N})
+        selections.append({"step": s, "ids": [f"p{s}-{i}" for i in range(M)], "samples": [[1, 0]] * M})
+    return metrics, selections
+
+
+def test_a_clean_run_passes():
+    metrics, selections = clean_run()
+    assert check_steps(metrics, selections, STEPS).ok
+    assert check_batches(metrics, selections, M, N).ok
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda m, s: m.insert(3, dict(m[2])), "steps written twice: 2"),  # a metrics line for step 2 twice
+    (lambda m, s: m.pop(2), "steps missing: 2"),
+    (lambda m, s: m.append({**m[-1], "step": STEPS + 1, "policy_version": STEPS + 1}), "beyond 1..4"),
+    (lambda m, s: m.insert(4, m.pop(2)), "went back: 4 -> 2"),  # steps 1, 3, 4, 2
+    (lambda m, s: s.pop(), "selections.jsonl: steps missing: 4"),
+    (lambda m, s: m[3].update(policy_version=2), "policy version is not the step after it: step 3: 2"),
+    (lambda m, s: m.append(dict(m[0])), "evaluation lines written twice"),
+])
+def test_the_step_check_flags_each_violation(change, needle):
+    metrics, selections = clean_run()
+    change(metrics, selections)
+    result = check_steps(metrics, selections, STEPS)
+    assert result.ok is False and needle in result.detail, result.detail
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda m, s: m[1].update(batch_samples=M * N - 1), "step 1: batch_samples 5"),
+    (lambda m, s: m[2].update(batch_unique_samples=M * N - 1), "unique 5"),
+    (lambda m, s: s[0]["ids"].__setitem__(1, s[0]["ids"][0]), "step 1: 3 prompt ids (2 distinct)"),
+    (lambda m, s: s[1].update(samples=[[0, 0], [0, 1], [0, 1]]), "step 2: prompts without sample indices"),
+    (lambda m, s: s[2].update(samples=[[0, 1], [0, 1]]), "step 3: prompts without sample indices"),
+    (lambda m, s: s[3].pop("samples"), "record no sample indices"),
+])
+def test_the_batch_check_flags_each_violation(change, needle):
+    metrics, selections = clean_run()
+    change(metrics, selections)
+    result = check_batches(metrics, selections, M, N)
+    assert result.ok is False and needle in result.detail, result.detail
+
+
+def test_streams_pending_entries_and_dead_letters_not_injected_are_flagged():
+    quiet = {"rollout_requests": {"pending": 0, "length": 0}, "rewards": {"pending": 0, "length": 3}}
+    injected = [{"stream": "rewards", "payload": b"\x94\x04" + MALFORMED_MARK + b":3:rewards:x", "error": "undecodable"}]
+    ok = check_streams(quiet, injected)
+    assert ok.ok and "1 dead letters, all injected" in ok.detail
+    pending = copy.deepcopy(quiet)
+    pending["rewards"]["pending"] = 2
+    assert "rewards: 2 pending entries" in check_streams(pending, injected).detail
+    foreign = injected + [{"stream": "rollout_results", "payload": b"\x94\x04real", "error": "failed 3 times"}]
+    result = check_streams(quiet, foreign)
+    assert result.ok is False and "rollout_results: a dead letter not injected (failed 3 times)" in result.detail
+
+
+def test_leftover_processes_weights_and_accuracy():
+    assert check_processes([]).ok
+    left = check_processes(["4242 ray::RolloutWorker", "4243 redis-server 127.0.0.1:1234"])
+    assert left.ok is False and "2 processes" in left.detail and "ray::RolloutWorker" in left.detail
+    assert check_weights(0.0).ok and check_weights(1e-7).ok
+    assert check_weights(3e-4).ok is False and "differ" in check_weights(3e-4).detail
+    assert check_weights(None).ok is None and check_weights(None).status == "SKIP"
+    assert check_accuracy((0.50, 0.02), (0.52, 0.02)).ok
+    assert check_accuracy((0.40, 0.01), (0.52, 0.01)).ok is False
+    assert check_accuracy(None, (0.5, 0.1)).ok is None
+
+
+def test_the_control_check_allows_refusals_only_while_the_driver_is_down():
+    fine = [{"what": "GET /v1/status", "status": 200, "error": None, "driver_up": True},
+            {"what": "pause", "status": 409, "error": "already paused", "driver_up": True},
+            {"what": "GET /v1/status", "status": None, "error": "refused", "driver_up": False}]
+    result = check_control(fine)
+    assert result.ok and "1 refused while the driver was down" in result.detail
+    for bad in ({"what": "GET /v1/status", "status": None, "error": "ConnectionRefused", "driver_up": True},
+                {"what": "GET /metrics", "status": 503, "error": "Redis", "driver_up": True},
+                {"what": "tau", "status": 500, "error": "boom", "driver_up": False}):
+        result = check_control(fine + [bad])
+        assert result.ok is False and bad["what"] in result.detail
+    assert check_control([]).ok is None
+
+
+def test_steps_redone_and_recovery_from_the_timeline():
+    timeline = [("commit", 10.0, 1), ("commit", 12.0, 2), ("commit", 14.0, 3), ("restored", 40.0, 2),
+                ("commit", 45.0, 3), ("commit", 47.0, 4), ("restored", 80.0, 0), ("commit", 90.0, 1)]
+    assert steps_redone(timeline) == 1 + 4
+    faults = [{"index": 0, "kind": "kill_learner", "injected_s": 15.0},
+              {"index": 1, "kind": "redis_full", "injected_s": 20.0, "ended_s": 46.0},
+              {"index": 2, "kind": "malformed", "injected_s": 95.0},
+              {"index": 3, "kind": "weight_sync", "injected_s": None}]
+    got = recover(faults, commit_times(timeline), finished_at=99.0)
+    assert [f["recovered_s"] for f in got] == [30.0, 1.0, 4.0, None]
+    assert recover(faults[2:3], commit_times(timeline), finished_at=None)[0]["recovered_s"] is None
+
+
+def test_the_report_counts_by_kind_and_prints_the_replay_on_failure():
+    schedule = draw_schedule(5, 3, 60.0)
+    faults = [{"index": f.index, "kind": f.kind, "injected_s": f.at_s, "recovered_s": 2.0 + f.index,
+               "phase": "rollout", "note": "x"} for f in schedule.faults]
+    metrics, selections = clean_run()
+    checks = [check_steps(metrics, selections, STEPS), check_processes([])]
+    run = {"finished": True, "steps": STEPS, "seconds": 100.0, "restarts": 1, "resumes": 0}
+    passed = build_report(schedule, faults, checks, run, redone=2, replay="pcl chaos c.yaml --seed 5 --faults 3")
+    assert passed["passed"] and passed["schedule"] is None
+    assert passed["recovery_s"] == {"median": 3.0, "max": 4.0, "recovered": 3, "injected": 3}
+    text = format_report(passed, schedule)
+    assert "result: PASS" in text and "steps redone after restarts: 2" in text and "replay" not in text
+    failed = build_report(schedule, faults, checks + [check_processes(["1 ray::Coordinator"])], run, 2, "pcl chaos X")
+    text = format_report(failed, schedule)
+    assert not failed["passed"] and "result: FAIL" in text and "replay with: pcl chaos X" in text
+    assert "schedule of seed 5" in text
+    missed = build_report(schedule, faults[:2] + [{**faults[2], "injected_s": None, "recovered_s": None}], checks,
+                          run, 0, "r")
+    assert not missed["passed"] and missed["by_kind"][faults[2]["kind"]]["injected"] == 0
