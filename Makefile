@@ -8,7 +8,7 @@ DEMO_STAMP := $(VENV)/.installed-run
 RUN_DIR ?= runs/demo
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -n)
 
-.PHONY: demo test test-slow test-all test-tools bench experiment install clean
+.PHONY: demo test test-slow test-all test-chaos test-tools bench experiment install clean
 
 # Setup is quiet: each step's output goes to $(VENV)/install.log, and is shown only when the step fails.
 QUIET = >>$(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; echo "make: setup failed (log: $(VENV)/install.log)"; exit 1; }
@@ -49,6 +49,15 @@ test: $(STAMP) test-tools
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m "slow" -q
+
+# A tiny-carry run of about 10 minutes under a seeded schedule of CHAOS_FAULTS faults of every kind, with
+# control-plane traffic, then its invariants and an unfaulted reference run compared weight for weight
+# (docs/operations.md, "Chaos runs"). Replay a seed: make test-chaos CHAOS_SEED=3.
+CHAOS_SEED ?= 0
+CHAOS_FAULTS ?= 12
+test-chaos: $(STAMP)
+	$(BIN)/pcl chaos configs/chaos.yaml --seed $(CHAOS_SEED) --faults $(CHAOS_FAULTS) --reference \
+	  --out runs/chaos-seed$(CHAOS_SEED)-$$(date +%Y%m%d-%H%M%S)
 
 test-all: $(STAMP) test-tools
 	$(BIN)/python -m pytest -q

@@ -11,6 +11,8 @@
     pcl plot RUN_DIR ... [--out PNG] [--labels a,b]         runs' curves overlaid in one PNG
     pcl eval [CONFIG ...] [key=value ...] [--out DIR]       avg@k per benchmark of model.path (the evaluation section)
     pcl export RUN_DIR|CHECKPOINT|MODEL_DIR --out DIR       the policy in Hugging Face format
+    pcl chaos CONFIG --seed S --faults N [--window S] [--out DIR] [--reference] [key=value ...]
+                                                           a run under a seeded fault schedule; its invariants
     pcl plan CONFIG [MORE.yaml ...] [--nodes N] [--gpus-per-node G] [--gpu-memory GB] [--headroom F] [key=value ...]
                                                            GPU memory per GPU of each role; exit 1 if it cannot fit
 """
@@ -177,6 +179,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_chaos(args: argparse.Namespace) -> int:
+    from entrypoints.chaos import run_chaos
+
+    return run_chaos(args.config, args.overrides, seed=args.seed, faults=args.faults, window_s=args.window,
+                     out=args.out, reference=args.reference, timeout_s=args.timeout)
+
+
 def _cmd_probe_batch(args: argparse.Namespace) -> int:
     from pcl.config import ConfigError, load_config
 
@@ -279,6 +288,20 @@ def _add_run_commands(sub) -> None:
                    help="control plane URL (default $PCL_CONTROL_URL or http://127.0.0.1:8600)")
     p.add_argument("--json", action="store_true", help="print the raw JSON instead of a table")
     p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("chaos", help="train under a seeded schedule of faults with control-plane traffic, then "
+                       "check that nothing was lost (docs/operations.md)")
+    p.add_argument("config", help="YAML run config, e.g. configs/chaos.yaml")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. run.steps=12")
+    p.add_argument("--seed", type=int, default=0, help="the schedule's seed, also the run's run.seed (default 0)")
+    p.add_argument("--faults", type=int, default=12, help="faults in the schedule (default 12: every kind)")
+    p.add_argument("--window", type=float, help="seconds of training the faults are drawn over (default 40 per "
+                   "fault)")
+    p.add_argument("--out", help="output directory (default runs/chaos-<run.name>-seed<S>)")
+    p.add_argument("--reference", action="store_true", help="also train the unfaulted reference and compare "
+                   "the final weights (rollout.deterministic) or held-out accuracy")
+    p.add_argument("--timeout", type=float, help="give up after this many seconds (default 2 x window + 1200)")
+    p.set_defaults(func=_cmd_chaos)
 
     p = sub.add_parser("summary", help="headline figures of finished or running runs, side by side")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")

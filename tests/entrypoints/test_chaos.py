@@ -1,0 +1,60 @@
+"""`pcl chaos`: what it refuses before anything starts (default suite), and a short chaos run end to end (slow: a
+tiny-carry run under 4 faults, a driver SIGKILL and resume among them, then its invariants and report)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from entrypoints.chaos import chaos_config
+from pcl.config import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("redis.url=redis://127.0.0.1:6379/0", "embedded Redis"),
+    ("control.enabled=false", "control.enabled"),
+    ("run.time_budget_s=60", "fixed step count"),
+])
+def test_a_config_chaos_cannot_run_is_refused_naming_the_setting(override, needle):
+    with pytest.raises(ConfigError, match=needle):
+        chaos_config(["configs/chaos.yaml"], [override], seed=0)
+
+
+def test_the_seed_is_the_runs_seed():
+    cfg, overrides = chaos_config(["configs/chaos.yaml"], ["run.steps=7"], seed=11)
+    assert cfg.run.seed == 11 and cfg.run.steps == 7 and overrides[-1] == "run.seed=11"
+    assert cfg.rollout.num_workers == 2 and cfg.rollout.deterministic and cfg.run.time_budget_s is None
+    assert cfg.checkpoint.max_restarts > 12 and cfg.redis.visibility_timeout_s <= 5
+
+
+def test_an_existing_output_is_not_overwritten(tmp_path):
+    (tmp_path / "run").mkdir()
+    done = subprocess.run([sys.executable, "-m", "entrypoints.cli", "chaos", "configs/chaos.yaml", "--faults", "2",
+                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "needs a new --out directory" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.redis
+def test_a_short_chaos_run_keeps_every_invariant(tiny_model, tmp_path):
+    """Seed 173, 4 faults over 50 s: a malformed entry in each stream, the driver SIGKILLed and resumed, a
+    checkpoint write interrupted, Redis filled to its cap; 20 steps, with the reference run compared weight for
+    weight."""
+    args = [sys.executable, "-m", "entrypoints.cli", "chaos", "configs/chaos.yaml", "--seed", "173", "--faults", "4",
+            "--window", "50", "--out", str(tmp_path), "--reference", "run.steps=20", "checkpoint.every=3",
+            "run.eval_every=0"]
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1800)
+    report = json.loads((tmp_path / "run" / "chaos_report.json").read_text())
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert report["passed"] and all(c["status"] == "PASS" for c in report["checks"]), report["checks"]
+    assert {f["kind"] for f in report["faults"] if f["injected_s"] is not None} == {
+        "malformed", "kill_driver", "checkpoint_write", "redis_full"}
+    assert report["run"]["resumes"] == 1
+    assert "result: PASS" in done.stdout
