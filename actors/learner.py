@@ -59,7 +59,7 @@ class LearnerRank:
                                      reshard_after_forward=cfg.reshard_after_forward,
                                      max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
                                      activation_checkpointing=cfg.activation_checkpointing,
-                                     compile_layers=cfg.compile)
+                                     compile_layers=cfg.compile, off_policy=cfg.off_policy)
         return True
 
     def train_step(self, shard: list[dict], global_count: int) -> dict[str, float]:

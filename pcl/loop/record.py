@@ -114,6 +114,15 @@ class StepRecord:
     rollout_logprob_gap_max: float | None = figure(
         "Largest |log p_engine - log p_learner| over the last step's trained tokens.",
         title="engine-learner log-prob gap (max)")
+    importance_ratio_mean: float | None = figure(
+        "Mean importance ratio pi_learner / pi_engine over the last step's trained tokens (with an off-policy "
+        "correction, learner.off_policy).", title="importance ratio (mean)")
+    importance_ratio_max: float | None = figure(
+        "Largest importance ratio pi_learner / pi_engine over the last step's trained tokens (with an off-policy "
+        "correction).", title="importance ratio (max)")
+    importance_ratio_clipped_share: float | None = figure(
+        "Share of the last step's trained tokens whose importance ratio exceeded learner.off_policy.cap (weighted "
+        "at the cap).", title="importance ratio clipped share")
     worker_reloads: int | None = figure("Rollout workers restarted since the start of the run.", "counter")
     dropped_duplicates: int | None = figure("Rollout results dropped as duplicates.", "counter")
     dropped_stale_step: int | None = figure("Rollout results dropped as left over from an earlier step.", "counter")

@@ -36,7 +36,7 @@ from pcl.loop.ports import Clock, Learner, Prompts, Rollouts, Scorer, SystemCloc
 from pcl.loop.reference import reference_pass_rates
 from pcl.loop.state import LoopState
 from pcl.loop.resume import resume_strategy
-from pcl.rl import effective_ratio, explained_variance
+from pcl.rl import IMPORTANCE_RATIO_KEYS, effective_ratio, explained_variance
 from pcl.loop.record import StepRecord, check_keys
 from pcl.loop.rounds import RoundLedger
 from pcl.strategies.base import Request, Rollout, StepStrategy
@@ -108,7 +108,7 @@ class StepLoop:
             groups = group_samples(samples, batch.ids, n)
             with timer("train_seconds"):  # 6-7. group-mean advantages, one policy-gradient step; 8. train V
                 value_step = self.train_value(batch.prompts, groups.pass_rates)
-                sequences = training_sequences(groups)
+                sequences = training_sequences(groups, self.cfg.learner.off_policy.correction)
                 learn = self.learner.train(sequences, global_count=m * n)
                 value_stats = value_step.result() if value_step is not None else {}
             with timer("weight_sync_seconds"):  # 9.
@@ -130,6 +130,7 @@ class StepLoop:
         record.update({**timer, **value_stats, **self.strategy.metrics(), **self.rollouts.counters()})
         gaps = ("logprob_gap_mean", "logprob_gap_max")  # the learner's, where the engine reported log-probs
         record.update({f"rollout_{key}": learn[key] for key in gaps if key in learn})
+        record.update({key: learn[key] for key in IMPORTANCE_RATIO_KEYS if key in learn})  # with a correction
         return record
 
     def collect_batch(self, step: int, timer: StepTimer) -> StepBatch:

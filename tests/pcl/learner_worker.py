@@ -44,6 +44,10 @@ SCENARIOS = {
                  "kwargs": {"activation_checkpointing": True, "max_tokens_per_micro_batch": 16,
                             "compile_layers": True}},
 }
+# learner.off_policy in "off_policy": truncated importance sampling at this cap; the shifted engine log-probs
+# give each response's first token the log-ratio log pi_learner - log pi_engine = 1 (ratio e, above the cap)
+# and every other token -0.5.
+OFF_POLICY_CAP, OFF_POLICY_LOG_RATIOS = 2.0, (1.0, -0.5)
 
 
 def make_sequences(count: int, seed: int) -> list[dict]:
@@ -197,6 +201,30 @@ def _run_gap(model_dir: str, out: Path, rank: int, world_size: int, device: str)
     _save(out, "gap", rank, {"with": with_gap, "without": without})
 
 
+def _run_off_policy(model_dir: str, out: Path, rank: int, world_size: int, device: str) -> None:
+    """learner.off_policy.correction = truncated: one step with the engine's log-probs equal to the learner's own
+    (on-policy), one from the same start with them shifted by OFF_POLICY_LOG_RATIOS."""
+    from pcl.models.learner import OffPolicySettings
+
+    share = split(make_sequences(STEP_SEQUENCES, seed=1), [4, 3] if world_size == 2 else [7], rank)
+    stats, weights = {}, {}
+    for name, (first, rest) in (("on_policy", (0.0, 0.0)), ("shifted", OFF_POLICY_LOG_RATIOS)):
+        learner = _learner(model_dir, rank, world_size, device, micro_batch_size=2,
+                           off_policy=OffPolicySettings("truncated", OFF_POLICY_CAP))
+        with torch.no_grad():
+            own = learner.model(**_batch_inputs(share)).tolist()  # a collective: every rank runs it
+        sequences, offset = [], 0
+        for seq in share:
+            size = len(seq["response_token_ids"])
+            shifts = [first] + [rest] * (size - 1)
+            engine = [value - shift for value, shift in zip(own[offset:offset + size], shifts)]
+            sequences.append({**seq, "response_logprobs": engine})
+            offset += size
+        stats[name] = learner.train_step(sequences, STEP_COUNT)
+        weights[name] = learner.full_state_dict()
+    _save(out, "off_policy", rank, stats, weights)
+
+
 def _batch_inputs(share: list[dict]) -> dict:
     from pcl.models.micro_batches import collate_micro_batch
 
@@ -238,6 +266,8 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_dir: s
                 _run_bad_share(model_dir, Path(out_dir), rank, world_size, device)
             elif name == "gap":
                 _run_gap(model_dir, Path(out_dir), rank, world_size, device)
+            elif name == "off_policy":
+                _run_off_policy(model_dir, Path(out_dir), rank, world_size, device)
             elif name == "unsharded":
                 _run_unsharded(model_dir, Path(out_dir), rank, world_size, device)
             else:

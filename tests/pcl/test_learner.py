@@ -32,21 +32,24 @@ def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def reference_step(model_dir, sequences, num_sequences: int, grad_clip: float | None):
-    """Weights after one plain-PyTorch step, and the gradient norm before clipping."""
+def reference_step(model_dir, sequences, num_sequences: int, grad_clip: float | None,
+                   token_weights: list[list[float]] | None = None):
+    """Weights after one plain-PyTorch step, and the gradient norm before clipping; `token_weights`: each response
+    token's weight in the loss (the off-policy correction's), 1 when None."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     cfg = worker.OPTIMIZER
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=(cfg["beta1"], cfg["beta2"]),
                                   eps=cfg["eps"], weight_decay=cfg["weight_decay"])
-    for seq in sequences:
+    for index, seq in enumerate(sequences):
         prompt, response = seq["prompt_token_ids"], seq["response_token_ids"]
         ids = torch.tensor(prompt + response)
         logprobs = torch.log_softmax(model(ids[None]).logits[0, :-1], dim=-1)  # [T-1, V]
         picked = logprobs.gather(-1, ids[1:, None])[:, 0][len(prompt) - 1:]  # [|y|] log pi(y_l | ...)
-        # At ratio 1 the step-7 gradient is that of -(A / |y|) * sum_l log pi(y_l) / N.
-        (-seq["advantage"] / len(response) * picked.sum() / num_sequences).backward()
+        # At ratio 1 the step-7 gradient is that of -(A / |y|) * sum_l w_l log pi(y_l) / N.
+        weights = torch.tensor(token_weights[index]) if token_weights is not None else torch.ones(len(response))
+        (-seq["advantage"] / len(response) * (weights * picked).sum() / num_sequences).backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf if grad_clip is None else grad_clip)
     optimizer.step()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, float(norm)
@@ -56,7 +59,7 @@ def reference_step(model_dir, sequences, num_sequences: int, grad_clip: float | 
 def two_ranks(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("learner_2")
     return worker.run_ranks(2, tiny_model_dir, out, ["mbs1", "mbs4", "clip", "resume", "unsharded", "bad",
-                                                   "tokens", "ckpt", "both", "gap"])
+                                                   "tokens", "ckpt", "both", "gap", "off_policy"])
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +77,16 @@ def reference(tiny_model_dir):
     return {"initial": initial, "sequences": sequences,
             "plain": reference_step(tiny_model_dir, sequences, worker.STEP_COUNT, None),
             "clipped": reference_step(tiny_model_dir, sequences, worker.STEP_COUNT,
-                                      worker.SCENARIOS["clip"]["grad_clip"])}
+                                      worker.SCENARIOS["clip"]["grad_clip"]),
+            "truncated": reference_step(tiny_model_dir, sequences, worker.STEP_COUNT, None,
+                                        [shifted_weights(len(s["response_token_ids"])) for s in sequences])}
+
+
+def shifted_weights(size: int) -> list[float]:
+    """The truncated importance weights min(ratio, cap) of a response of `size` tokens in the "off_policy"
+    scenario's shifted step."""
+    first, rest = (math.exp(r) for r in worker.OFF_POLICY_LOG_RATIOS)
+    return [min(first, worker.OFF_POLICY_CAP)] + [min(rest, worker.OFF_POLICY_CAP)] * (size - 1)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -239,6 +251,33 @@ def test_engine_logprob_gap_is_measured_from_the_step_forward(two_ranks):
         tokens = sum(len(s["response_token_ids"]) for s in worker.make_sequences(worker.STEP_SEQUENCES, 1)[:4])
         assert stats["with"]["logprob_gap_mean"] == pytest.approx(0.25 / tokens, abs=1e-5)
         assert "logprob_gap_mean" not in stats["without"] and "logprob_gap_max" not in stats["without"]
+
+
+def test_off_policy_correction_on_policy_is_the_plain_update_and_shifted_log_probs_weight_each_token(
+        two_ranks, reference):
+    """learner.off_policy.correction = truncated on 2 ranks: with the engine's log-probs equal to the learner's the
+    update is the uncorrected one; shifted, it is the single-process step with each token's term weighted by
+    min(ratio, cap), and the step reports the ratios."""
+    weights = _weights(two_ranks, "off_policy")
+    assert _max_diff(weights["on_policy"], reference["plain"][0]) < ATOL
+    assert _max_diff(weights["shifted"], reference["truncated"][0]) < ATOL
+    assert _max_diff(weights["shifted"], reference["plain"][0]) > 1e-3  # the correction moves the update
+    sizes = [len(s["response_token_ids"]) for s in reference["sequences"]]
+    ratios = [r for size in sizes for r in [math.e] + [math.exp(-0.5)] * (size - 1)]
+    expected_loss = -sum(s["advantage"] * sum(shifted_weights(size)) / size
+                         for s, size in zip(reference["sequences"], sizes)) / worker.STEP_COUNT
+    for rank in (0, 1):
+        stats = _stats(two_ranks, "off_policy", rank)
+        on_policy, shifted = stats["on_policy"], stats["shifted"]
+        assert on_policy["importance_ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+        assert on_policy["importance_ratio_max"] == pytest.approx(1.0, abs=1e-5)
+        assert on_policy["importance_ratio_clipped_share"] == 0.0
+        assert shifted["importance_ratio_mean"] == pytest.approx(sum(ratios) / len(ratios), abs=1e-5)
+        assert shifted["importance_ratio_max"] == pytest.approx(math.e, abs=1e-5)
+        assert shifted["importance_ratio_clipped_share"] == pytest.approx(len(sizes) / len(ratios))
+        assert shifted["loss"] == pytest.approx(expected_loss, abs=1e-6)
+        assert shifted["grad_norm"] == pytest.approx(reference["truncated"][1], rel=1e-5)
+    assert "importance_ratio_mean" not in _stats(two_ranks, "mbs1", 0)  # no correction, no ratios
 
 
 @pytest.mark.gpu

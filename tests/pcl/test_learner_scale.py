@@ -6,6 +6,8 @@ under FSDP2 on gloo) run in tests/pcl/test_learner.py's spawned ranks.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -88,3 +90,33 @@ def test_collate_counts_padding_and_lines_up_engine_logprobs():
     assert torch.isnan(batch.engine_logprobs[3])
     message = check_sequences([{**seqs[0], "response_logprobs": [-0.1]}], 1, 32)
     assert message == "sequence 0: response_logprobs has 1 entries for 3 response tokens"
+
+
+def test_step_figures_weight_a_micro_batch_and_count_its_ratios_and_gaps():
+    """pcl.models.step_figures on one process: the weights the loss gets from a micro-batch's engine log-probs (two
+    sequences, engine log-probs below the learner's by log 3 and log 1.5), the ratios and gaps of the step."""
+    from pcl.models.step_figures import OffPolicySettings, StepFigures, checked_off_policy
+
+    seqs = [{"prompt_token_ids": [1, 2], "response_token_ids": [3, 4], "advantage": 1.0,
+             "response_logprobs": [-0.5 - math.log(3.0), -1.0]},
+            {"prompt_token_ids": [1], "response_token_ids": [6], "advantage": -1.0,
+             "response_logprobs": [-2.0 - math.log(1.5)]}]
+    batch = collate_micro_batch(seqs, torch.device("cpu"))
+    flat = torch.tensor([-0.5, -1.0, -2.0])  # the learner's log-probs of the 3 response tokens
+    logprobs = torch.zeros(batch.response_mask.shape).masked_scatter(batch.response_mask, flat)
+    same = lambda values, op: values  # noqa: E731 - one rank: the reduction over ranks returns its input
+    figures = StepFigures(OffPolicySettings("truncated", cap=2.0), torch.device("cpu"))
+    weights = figures.importance_weights(batch, logprobs)
+    assert weights[batch.response_mask].tolist() == pytest.approx([2.0, 1.0, 1.5])  # 3 truncated to the cap
+    figures.add(torch.tensor(0.25), batch, flat)
+    stats = figures.stats(same, True, computed=6, padded=2)
+    assert stats["loss"] == 0.25 and stats["learner_padding_ratio"] == pytest.approx(1 / 3)
+    assert stats["importance_ratio_mean"] == pytest.approx(5.5 / 3)
+    assert stats["importance_ratio_max"] == pytest.approx(3.0)
+    assert stats["importance_ratio_clipped_share"] == pytest.approx(1 / 3)
+    assert stats["logprob_gap_max"] == pytest.approx(math.log(3.0))
+    off = StepFigures(OffPolicySettings(), torch.device("cpu"))
+    assert off.importance_weights(batch, logprobs) is None  # no correction: the on-policy loss
+    assert "importance_ratio_mean" not in off.stats(same, True, computed=6, padded=2)
+    with pytest.raises(ValueError, match="off_policy"):
+        checked_off_policy(OffPolicySettings("truncated", cap=0.5))
