@@ -45,6 +45,27 @@ def test_pcl_trains_end_to_end_and_records_every_step(untrained_tiny, ray_sessio
     assert "step    3/3" in out and "pcl: done" in out
 
 
+def test_the_off_policy_correction_trains_end_to_end_and_reports_its_ratios(tiny_model, ray_session, tmp_path):
+    """learner.off_policy.correction = truncated on real parts: the HF engine's sampled-token log-probabilities reach
+    the learner rank, and with the fleet serving the learner's own float32 weights every ratio is 1 up to the two
+    forward passes' numerics."""
+    from entrypoints.train import run_training
+
+    cfg = load_config("configs/tiny.yaml", [
+        f"model.path={tiny_model}", "selection.type=uniform", "run.steps=2", "run.m=8", "run.n=4",
+        "run.eval_every=0", "data.tiny_size=256", "learner.num_ranks=1", "run.time_budget_s=null", "control.port=0",
+        "learner.off_policy.correction=truncated"])
+    assert run_training(cfg, run_dir=str(tmp_path / "run")) == 0
+    steps = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if "step_seconds" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    trained = [r for r in steps if r["train_sequences"] > 0]
+    assert trained, [r["effective_ratio"] for r in steps]
+    for r in trained:
+        assert r["importance_ratio_mean"] == pytest.approx(1.0, abs=1e-3)
+        assert r["importance_ratio_max"] == pytest.approx(1.0, abs=1e-2)
+        assert r["importance_ratio_clipped_share"] == 0.0
+
+
 def test_existing_run_dir_is_not_overwritten(untrained_tiny, tmp_path):
     from pcl.config import ConfigError
     from entrypoints.train import run_training
@@ -67,6 +88,7 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
         run_training(cfg, run_dir=str(tmp_path / "run"))
 
 
+@pytest.mark.slow  # the suite's evaluation without a run: tests/pcl/test_evaluation.py (pcl eval on the real files)
 def test_the_evaluation_suite_runs_during_training_and_the_best_checkpoint_is_kept(untrained_tiny, ray_session,
                                                                                  tmp_path, capsys):
     """The paper's benchmarks (real MATH500 / AIME24 files, the first 3 prompts) evaluated through the fleet every 2
