@@ -44,8 +44,12 @@ DEMO_TRAIN_S ?= 270
 demo: $(DEMO_STAMP)
 	$(BIN)/pcl train configs/tiny-carry.yaml --run-dir $(RUN_DIR) run.train_budget_s=$(DEMO_TRAIN_S)
 
+# Two pytest-xdist workers: the Ray tests one after the other on one (one Ray), the rest on the other
+# (tests/conftest.py); PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 test: $(STAMP) test-tools
-	$(BIN)/python -m pytest -m "not slow" -q  # gpu tests run where a GPU is, else skip with the reason
+	$(BIN)/python -m pytest -m "not slow" -q $(XDIST)  # gpu tests run where a GPU is, else skip with the reason
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m "slow" -q
@@ -60,7 +64,7 @@ test-chaos: $(STAMP)
 	  --out runs/chaos-seed$(CHAOS_SEED)-$$(date +%Y%m%d-%H%M%S)
 
 test-all: $(STAMP) test-tools
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 # The docker-compose deployment for real: builds the images (deploy/build.sh), brings up the cpu profile's Ray
 # cluster of containers, trains the tiny run as a Ray job, tears it down (docs/deploy.md; several minutes).

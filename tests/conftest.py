@@ -107,8 +107,17 @@ def ray_session():
         ray.shutdown()
 
 
+def _uses_ray(item) -> bool:
+    return "ray_session" in getattr(item, "fixturenames", ()) or item.get_closest_marker("ray") is not None
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests on the Ray session run last (in their order): Ray starts once, and the others run without it."""
+    """Tests on the Ray session run last (in their order): Ray starts once, and the others run without it. With
+    pytest-xdist (`make test` runs 2 workers, `--dist loadgroup`) every Ray test is in one group, so they run one
+    after the other on one worker, with one Ray, while the other worker takes the rest of the suite."""
+    for item in items:
+        if _uses_ray(item):
+            item.add_marker(pytest.mark.xdist_group("ray"))
     uses_ray = [item for item in items if "ray_session" in getattr(item, "fixturenames", ())]
     if uses_ray:
         others = [item for item in items if "ray_session" not in getattr(item, "fixturenames", ())]

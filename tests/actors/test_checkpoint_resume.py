@@ -131,6 +131,7 @@ def test_resume_on_a_dataset_edited_or_reordered_at_the_same_size_is_refused(tin
     assert "restored step 1" in same.stdout
 
 
+@pytest.mark.slow  # the default suite's resume: the SIGKILLed driver above; the refusals: tests/entrypoints/test_bad_input.py
 def test_a_tau_given_with_resume_is_trained_with_and_said(tmp_path):
     """`--resume selection.tau=0.4` on a run that checkpointed with tau 0.5: the override is printed, the resumed
     steps train with 0.4 (their records' tau), and a changed selection.type is refused naming it."""

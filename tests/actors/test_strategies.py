@@ -31,7 +31,13 @@ OWN_METRICS = {"prefilter": "prefilter_admitted_share", "dynamic_sampling": "dyn
                "pcl_pipelined": "tau", "probe": "probe_estimate_mean"}
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
+# In the default suite: the multi-round and the pipelined paths (uniform and PCL run in tests/actors/test_pipeline.py);
+# the others in `make test-slow` (every strategy's step also runs on the loop's in-memory ports: tests/pcl/loop).
+DEFAULT_SUITE = {"dynamic_sampling", "pcl_pipelined"}
+
+
+@pytest.mark.parametrize("name", [name if name in DEFAULT_SUITE else pytest.param(name, marks=pytest.mark.slow)
+                                  for name in STRATEGIES])
 def test_strategy_trains_a_few_steps_end_to_end(name, tiny_model, ray_session, tmp_path):
     from entrypoints.train import run_training
 

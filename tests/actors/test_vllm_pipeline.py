@@ -46,7 +46,7 @@ def own_actor_pids(class_name: str) -> list[int]:
     return [pid for pid in actor_pids(class_name) if descends_from_us(pid)]
 
 
-@pytest.mark.parametrize("route", ["rpc", "collective"])
+@pytest.mark.parametrize("route", ["rpc", pytest.param("collective", marks=pytest.mark.slow)])  # the presets' route
 def test_three_steps_on_vllm_stay_on_policy(untrained_tiny, ray_session, tmp_path, route):
     from entrypoints.train import run_training
 

@@ -22,7 +22,10 @@ import redis
 
 from services.redis_server import RedisHandle, make_client, ping, start_embedded
 
-SYSTEM_REDIS_URL = "redis://127.0.0.1:6379/0"
+# Each pytest-xdist worker (gw0, gw1, ...) takes a database of its own on the machine's server: two workers'
+# tests never see each other's keys, whatever their run names.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+SYSTEM_REDIS_URL = f"redis://127.0.0.1:6379/{int(_WORKER[2:] or 0) if _WORKER.startswith('gw') else 0}"
 
 
 def _delete_test_keys_and_close(client: redis.Redis, key_prefix: str) -> None:
