@@ -45,6 +45,7 @@ def test_pcl_trains_end_to_end_and_records_every_step(untrained_tiny, ray_sessio
     assert "step    3/3" in out and "pcl: done" in out
 
 
+@pytest.mark.slow  # the default suite: the correction on 2 learner ranks (tests/pcl/test_learner.py) and in the loop
 def test_the_off_policy_correction_trains_end_to_end_and_reports_its_ratios(tiny_model, ray_session, tmp_path):
     """learner.off_policy.correction = truncated on real parts: the HF engine's sampled-token log-probabilities reach
     the learner rank, and with the fleet serving the learner's own float32 weights every ratio is 1 up to the two
