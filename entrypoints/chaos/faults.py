@@ -28,6 +28,7 @@ PHASE_POLL_S = 0.005  # a tiny model's weight sync or checkpoint write lasts ten
 ACTOR_OF = {"kill_rollout": "RolloutWorker", "kill_verifier": "RewardVerifier", "kill_scorer": "ValueScorerActor",
             "kill_learner": "LearnerRank", "kill_coordinator": "Coordinator"}
 MAX_FILL = 2**30  # a Redis with a larger maxmemory (or none) is not filled
+TOP_UP_S = 0.25  # while Redis is held full, what the run frees is filled again this often
 FILL_CHUNK = 64 * 1024  # bytes per filler value (small values: no large client buffer counted in Redis' memory)
 
 
@@ -123,34 +124,41 @@ class Injector:
         return self._sigkill(fault, result, pids, "redis-server") + "; the driver restarts it"
 
     def _redis_full(self, fault: Fault, result: dict) -> str:
-        """Fill Redis with filler keys until it refuses writes (its maxmemory), hold it full, delete them."""
-        import redis
-
+        """Fill Redis with filler keys until it refuses writes (its maxmemory) and keep it there for hold_s (what
+        the run frees meanwhile, trimming its streams, is filled again every TOP_UP_S), then delete them."""
         client = self._wait("Redis to connect to", self.run.redis_client)
         cap = int(client.config_get("maxmemory")["maxmemory"])
         if not 0 < cap <= MAX_FILL:
             client.close()
             raise NotInjected(f"Redis' maxmemory is {cap} bytes: set redis.maxmemory_mb to a few tens of MB")
-        keys, prefix = [], f"pcl-chaos:filler:{fault.index}"
+        keys: list[str] = []
         try:
-            while True:  # 1 MB a round trip until a write is refused
-                pipe = client.pipeline(transaction=False)
-                batch = [f"{prefix}:{len(keys) + i}" for i in range(16)]
-                for key in batch:
-                    pipe.set(key, b"f" * FILL_CHUNK)
-                try:
-                    pipe.execute()
-                except redis.OutOfMemoryError:
-                    keys += batch
-                    break
-                keys += batch
+            self._fill(client, keys, f"pcl-chaos:filler:{fault.index}")
             self._mark(result)
-            self.stopped.wait(fault.hold_s)
+            until = time.monotonic() + fault.hold_s
+            while time.monotonic() < until and not self.stopped.wait(min(TOP_UP_S, until - time.monotonic())):
+                self._fill(client, keys, f"pcl-chaos:filler:{fault.index}")
         finally:
             client.close()
             freed = self._free(keys)
         result["ended_s"] = round(self.run.clock() - self.t0, 2)
-        return f"{len(keys) * FILL_CHUNK / 2**20:.0f} MB of filler until full, held {fault.hold_s:g} s" + freed
+        return f"filled to its {cap / 2**20:.0f} MB maxmemory, held {fault.hold_s:g} s" + freed
+
+    @staticmethod
+    def _fill(client, keys: list[str], prefix: str) -> None:
+        """Write filler, 1 MB a round trip, until Redis refuses a write (or no longer answers: a restart)."""
+        import redis
+
+        while True:
+            pipe = client.pipeline(transaction=False)
+            batch = [f"{prefix}:{len(keys) + i}" for i in range(16)]
+            for key in batch:
+                pipe.set(key, b"f" * FILL_CHUNK)
+            keys += batch  # those refused are deleted too: harmless
+            try:
+                pipe.execute()
+            except (redis.OutOfMemoryError, redis.ConnectionError, redis.TimeoutError):
+                return
 
     def _free(self, keys: list[str], timeout_s: float = 600.0) -> str:
         """Delete the filler, from whichever Redis the run has by then: one that restarted meanwhile (a revived
@@ -214,19 +222,12 @@ class Injector:
     def _checkpoint_write(self, fault: Fault, result: dict) -> str:
         """During a write: one of the processes writing it (a learner rank, the scorer) or the coordinator."""
         def writers(titles: dict[int, str]) -> list[int]:
-            if not (self._writing() or any(t.startswith(CHECKPOINT_TITLES) for t in titles.values())):
+            if not (self.run.writing_checkpoint() or any(t.startswith(CHECKPOINT_TITLES) for t in titles.values())):
                 return []
             return [pid for pid, t in titles.items() if t.startswith(CHECKPOINT_TITLES + ("ray::Coordinator",))]
 
         pids = self._phase(writers)
         return self._sigkill(fault, result, pids, "while a checkpoint was written:")
-
-    def _writing(self) -> bool:
-        root = self.run.run_dir / "checkpoints"
-        try:
-            return any(name.startswith(".tmp-step-") for name in os.listdir(root))
-        except OSError:
-            return False
 
     def _phase(self, select) -> list[int]:
         """Watch the run's actor processes' titles every few milliseconds until `select(titles)` names some."""

@@ -13,6 +13,7 @@ the process tree. Training starts (t0, the schedule's zero) at the first "actors
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -58,13 +59,19 @@ class ChaosRun:
     def phase(self) -> str:
         titles = tuple(title_of(pid) for actor in ACTORS for pid in self.tree.pids(actor))
         status = self.traffic.last_status if self.traffic is not None else {}
-        obs = Observation(self.driver.state, titles, self._writing(), status.get("state") == "paused",
+        obs = Observation(self.driver.state, titles, self.writing_checkpoint(), status.get("state") == "paused",
                           int(status.get("step") or 0))
         return phase_of(obs)
 
-    def _writing(self) -> bool:
-        root = self.run_dir / "checkpoints"
-        return root.is_dir() and any(p.name.startswith(".tmp-step-") for p in root.iterdir())
+    def writing_checkpoint(self) -> bool:
+        """A checkpoint is being written: a `.tmp-step-NNNNNN-<pid>` directory whose writer (that pid) lives; one
+        a killed writer left stays until the next checkpoint or driver start removes it."""
+        try:
+            names = os.listdir(self.run_dir / "checkpoints")
+        except OSError:
+            return False
+        return any(name.startswith(".tmp-step-") and name.rsplit("-", 1)[-1].isdigit()
+                   and psutil.pid_exists(int(name.rsplit("-", 1)[-1])) for name in names)
 
     def has_checkpoint(self) -> bool:
         return checkpoint_complete(self.run_dir)

@@ -46,6 +46,8 @@ class ControlTraffic:
     def _loop(self) -> None:
         turn = 0
         while not self.stopped.wait(POLL_S):
+            if self.run.driver.state in ("ending", "exited"):
+                continue  # the run has ended: its control plane is closing
             turn += 1
             self.request("GET", READS[0] if turn % 5 else READS[1 + (turn // 5) % (len(READS) - 1)])
             while self.pending and self.run.clock() >= self.t0 + self.pending[0].at_s:
