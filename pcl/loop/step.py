@@ -143,6 +143,8 @@ class StepLoop:
             with timer("selection_seconds"):
                 candidates, values = self.candidates(strategy.next_request())  # 1-2. candidates, V(x)
                 rollouts = strategy.propose(candidates, values)  # 3. e.g. the m closest to tau
+                if values is not None:  # V's predictions of this round's candidates, for the record
+                    batch.values.update({c.id: float(v) for c, v in zip(candidates, values)})
                 probe = self.choose_probe(candidates, values, rollouts, batch) if self.probe_due(step) else []
                 if strategy.needs.prefetch:
                     self.prefetch_candidates()  # the next step's, scored while this one generates
@@ -215,7 +217,6 @@ class StepLoop:
         measure V's explained variance; returns those the strategy is not generating already."""
         if values is None or batch.probe_ids or not len(candidates):
             return []
-        batch.values.update({c.id: float(v) for c, v in zip(candidates, values)})
         size = min(self.cfg.value.ev_sample, len(candidates))
         idx = np.sort(self.state.rng.choice(len(candidates), size=size, replace=False)) if size else []
         batch.probe_ids = [candidates[i].id for i in idx]

@@ -90,6 +90,7 @@ def test_the_probe_runs_every_ev_every_steps_only(tmp_path):
     assert probed == [True, False, False, True, False, False, True]
     for record, due in zip(records, probed):
         assert (record["value_explained_variance"] is not None) == due
+        assert 0.0 <= record["selected_value_mean"] <= 1.0  # V's predictions of the batch, probe or not
         assert record["samples_generated"] == M * N and (record["probe_seconds"] > 0) == due
         assert fleet.rollouts.calls[records.index(record)]["samples"] == M * N + record["probe_samples"]
 
