@@ -39,9 +39,18 @@ def tiny_carry_model() -> str:
     return str(build_tiny(seed=0, task="tiny-carry"))
 
 
-@pytest.mark.timeout(1800)  # the build (up to ~7 minutes when not cached), then run.time_budget_s (540 s)
+def demo_train_seconds() -> str:
+    """`make demo`'s training budget, read from the Makefile (DEMO_TRAIN_S), so the test runs what users run."""
+    import re
+    from pathlib import Path
+
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    return re.search(r"^DEMO_TRAIN_S \?= (\d+)$", makefile, re.M).group(1)
+
+
+@pytest.mark.timeout(1800)  # the shipped policy installs in seconds; then make demo's training budget
 def test_the_demo_on_tiny_carry_gains_ten_points_within_its_budget(tiny_carry_model, ray_session, tmp_path):
-    pcl = run(tmp_path, "demo", [], config="configs/tiny-carry.yaml")
+    pcl = run(tmp_path, "demo", [f"run.train_budget_s={demo_train_seconds()}"], config="configs/tiny-carry.yaml")
     print(f"\ndemo: {pcl}")
     assert pcl["eval_gain_points"] >= 10.0
     assert pcl["value_explained_variance_late"] > 0.3

@@ -242,6 +242,16 @@ def test_the_tiny_run_as_a_ray_job_survives_a_killed_worker_container(deployment
     assert placed["RolloutWorker"] and placed["RolloutWorker"] <= rollout_ips
     assert placed["RewardVerifier"] <= rollout_ips
     assert placed["LearnerRank"] == {learner_ip} and placed["ValueScorerActor"] == {learner_ip}
+    # The run's placement groups (pcl.tools.placement): the learner's and V's (PACK) and the rollout engine's
+    # (STRICT_PACK), each bundle with the role's custom resource, all removed with the run.
+    named = [g for g in state(d, "placement_groups") if g.get("name")]
+    groups = {role: next((g for g in named if g["name"].endswith(f"-{role}")), None)
+              for role in ("learner", "value", "rollout-0")}
+    print("placement groups:", {role: g and (g["state"], [b.get("unit_resources") for b in g.get("bundles") or []])
+                                for role, g in groups.items()})
+    assert all(g is not None and g["state"] == "REMOVED" for g in groups.values()), groups
+    for role, resource in (("learner", "learner"), ("value", "learner"), ("rollout-0", "rollout")):
+        assert all(resource in b.get("unit_resources", {}) for b in groups[role]["bundles"]), groups[role]
 
 
 def test_prometheus_in_its_container_scraped_the_run(deployment):
