@@ -40,7 +40,12 @@ def final_weights(run_dir: Path) -> dict:
 SPEED_CARRY = ("selection.type=speed", "selection.k=2", "selection.n_init=2", "selection.carry_over=true")
 
 
-@pytest.mark.parametrize("selection", [(), pytest.param(SPEED_CARRY, marks=pytest.mark.slow)], ids=["pcl", "speed"])
+# make test-slow (three `pcl train` runs, the default suite's longest test by far). The default suite keeps resume's
+# parts: the learner's and V's checkpoints reproduce the next step on real gloo ranks (tests/pcl/test_learner.py,
+# test_value_sharded.py), the loop's and the sampler's state (tests/pcl/loop/test_run.py, test_sampler.py), the
+# refusals (tests/entrypoints/test_bad_input.py); `pcl chaos` kills the driver under load and compares the weights.
+@pytest.mark.slow
+@pytest.mark.parametrize("selection", [(), SPEED_CARRY], ids=["pcl", "speed"])
 def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tiny_model, tmp_path, selection):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     run = pcl_train(straight, *selection)
