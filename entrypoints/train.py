@@ -298,8 +298,8 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
         while True:
             keep_redis()
             purge_streams(redis.url, cfg.run.name)  # nothing in flight from an earlier attempt is collected
-            fleet = start_fleet(cfg, prep, redis.url)
             try:
+                fleet = start_fleet(cfg, prep, redis.url)  # an actor lost while the fleet starts: a restart too
                 start_from(cfg, prep.run_dir, fleet, checkpoint)
                 print(f"pcl: actors up in {time.perf_counter() - started:.1f}s; {training_plan(cfg)}", flush=True)
                 summary = follow(fleet.coordinator.run.remote(), prep.run_dir, cfg.run.steps, stream=console,
@@ -311,7 +311,8 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
                     raise
                 restarts += 1
                 checkpoint = restart_point(cfg, prep.run_dir, exc, restarts)
-                fleet.stop()
+                if fleet is not None:
+                    fleet.stop()
                 fleet = None
         summary.update(restarts=restarts, redis_restarts=keep_redis.restarts,
                        total_seconds=time.perf_counter() - started)
