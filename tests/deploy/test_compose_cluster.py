@@ -225,6 +225,11 @@ def test_the_tiny_run_as_a_ray_job_survives_a_killed_worker_container(deployment
           f"{sorted(r['step_seconds'] for r in records)[-2]:.1f} s")
     assert slowest["step"] >= killed_at_step - 1 and slowest["step"] < STEPS  # the kill fell mid-run
 
+    check_placement(d, old_node, rollout_ips, learner_ip)
+
+
+def check_placement(d: Deployment, old_node: str, rollout_ips: set[str], learner_ip: str) -> None:
+    """Where the run's actors ran and how its placement groups asked for them, from Ray's state API."""
     # Where the actors ran, from Ray's state API: the rollout worker and verifier on the rollout worker container
     # (before and after its restart), the learner ranks and the value scorer on the learner worker container.
     nodes = state(d, "nodes")

@@ -210,9 +210,15 @@ def test_collective_route_broadcasts_the_weights_into_vllm(engine, checkpoint, p
     thread.join(30)
     assert sender["bytes"] == sum(t.numel() * t.element_size() for t in state.values())
     assert engine.policy_version == 7
+    assert_serves_the_rigged_weights(engine, state, prompts, checkpoint[0].parent / "rigged")
+
+
+def assert_serves_the_rigged_weights(engine, state: dict, prompts, scratch) -> None:
+    """The engine samples what the EOS-rigged `state` gives: EOS first, and the log-probabilities of a copy of the
+    policy loaded with `state` (saved under `scratch`)."""
     for group in engine.generate(prompts, SamplingParams(n=2, max_new_tokens=5, seed=1)):
         assert all(g.token_ids == [TINY_EOS_ID] for g in group)
-    rigged = tiny_checkpoint(checkpoint[0].parent / "rigged", seed=0)
+    rigged = tiny_checkpoint(scratch, seed=0)
     rigged.load_state_dict(state)
     assert_on_policy(rigged, prompts, engine.generate(prompts, SamplingParams(n=2, max_new_tokens=5, seed=2)))
 
@@ -253,11 +259,7 @@ def test_a_collective_sync_without_the_tied_head_leaves_the_heads_logits_followi
     head = state["lm_head.weight"]
     assert sent == sum(t.numel() * t.element_size() for t in state.values()) - head.numel() * head.element_size()
     assert engine.policy_version == 8
-    for group in engine.generate(prompts, SamplingParams(n=2, max_new_tokens=5, seed=1)):
-        assert all(g.token_ids == [TINY_EOS_ID] for g in group)
-    rigged = tiny_checkpoint(checkpoint[0].parent / "rigged-tied", seed=0)
-    rigged.load_state_dict(state)
-    assert_on_policy(rigged, prompts, engine.generate(prompts, SamplingParams(n=2, max_new_tokens=5, seed=2)))
+    assert_serves_the_rigged_weights(engine, state, prompts, checkpoint[0].parent / "rigged-tied")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU build's repacked head; vLLM runs in-process on CPU")

@@ -83,11 +83,12 @@ def test_a_group_that_cannot_form_times_out_naming_the_address(rank):
     assert time.monotonic() - start < 20
 
 
-def test_a_header_with_an_unknown_dtype_is_refused():
-    port, errors = free_port(), []
+def failing_receiver(port: int, errors: list[str], timeout_s: float) -> threading.Thread:
+    """Rank 1 of a 2-member gloo group on `port`, started in a thread, receiving until the group fails; the
+    WeightSyncError's message goes to `errors`."""
 
     def receiver() -> None:
-        group = WeightGroup.open("127.0.0.1", port, 1, 2, "gloo", timeout_s=30)
+        group = WeightGroup.open("127.0.0.1", port, 1, 2, "gloo", timeout_s=timeout_s)
         try:
             list(group.receive())
         except WeightSyncError as exc:
@@ -95,6 +96,12 @@ def test_a_header_with_an_unknown_dtype_is_refused():
 
     thread = threading.Thread(target=receiver)
     thread.start()
+    return thread
+
+
+def test_a_header_with_an_unknown_dtype_is_refused():
+    port, errors = free_port(), []
+    thread = failing_receiver(port, errors, timeout_s=30)
     sender = WeightGroup.open("127.0.0.1", port, 0, 2, "gloo", timeout_s=30)
     header = torch.frombuffer(bytearray(b'[[["x", "complex_evil", [1]]], 8]'), dtype=torch.uint8)
     sender._broadcast(torch.tensor([header.numel()]))
@@ -214,16 +221,7 @@ def test_a_lazy_source_is_sent_bucket_by_bucket_never_held_whole():
 def test_a_source_that_disagrees_with_its_specs_aborts_the_group_and_the_receiver_is_told():
     port, errors = free_port(), []
     specs = [("a", "float32", (4,)), ("b", "float32", (4,))]
-
-    def receiver() -> None:
-        group = WeightGroup.open("127.0.0.1", port, 1, 2, "gloo", timeout_s=5)
-        try:
-            list(group.receive())
-        except WeightSyncError as exc:
-            errors.append(str(exc))
-
-    thread = threading.Thread(target=receiver)
-    thread.start()
+    thread = failing_receiver(port, errors, timeout_s=5)
     sender = WeightGroup.open("127.0.0.1", port, 0, 2, "gloo", timeout_s=5)
     with pytest.raises(WeightSyncError, match=r"'c' float32 \(4,\), the header declared 'b' float32 \(4,\)"):
         sender.broadcast(iter([("a", torch.zeros(4)), ("c", torch.zeros(4))]), bucket_bytes=16, specs=specs)
