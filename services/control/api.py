@@ -8,8 +8,12 @@ time, before the body is read: services/control/guard.py, which also bounds bodi
 adds the security headers). The schema (/openapi.json) is the contract: a request it refuses gets 422
 (bodies are read strictly: no boolean, string or null as a number, no fraction as an integer, no field it
 does not name), a request valid by it 2xx, or 409 where the run's state refuses it (each route's 409 says
-when), and Redis being unreachable 503. Mutations are requests: the coordinator applies them at the next
-step boundary (services/control/run.py).
+when). Mutations are requests: the coordinator applies them at the next step boundary (services/control/run.py).
+
+While Redis is unreachable (services/control/outage.py) the reads of the run's state (/v1/status, /v1/history,
+/v1/events, /metrics) answer from their last good reading, marked stale (a `stale` field, a `PCL-Stale` header,
+pcl_control_store_up 0), or 503 with Retry-After when they have none yet; a mutation waits up to write_retry_s
+for Redis, then is refused with 503 and Retry-After: either recorded or refused, never half-done. /readyz is 503.
 
     GET  /v1/status        step, policy version, paused, tau, k, last step's metrics, queue depths, health
     GET  /v1/history       per-step records for plots (?after=STEP&limit=N, N <= HISTORY_PAGE)
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import hmac
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Callable
 
 import redis
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request
@@ -36,96 +40,21 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from pcl.config import ControlConfig
 from pcl.loop.record import FIGURES
 from pcl.credentials import check_token
 from services.control.guard import DOCS_CSP, RequestGuard, dashboard_csp
+from services.control.metrics import metrics_registry
+from services.control.models import Accepted, CheckpointAccepted, Event, HistoryPage, ParamsUpdate, RunStatus
+from services.control.outage import RETRY_AFTER_S, WRITE_RETRY_S, Readings, stale_header, write_retrying
 from services.control.requests import ControlRequests
 from services.control.state import ControlConflict, ControlValueError
-from services.control.metrics import metrics_registry
 
 DASHBOARD = Path(__file__).parent / "static" / "dashboard.html"
 HISTORY_PAGE = 1000  # step records per /v1/history response (about 1.5 MB of JSON); page on with ?after=
 STREAM_ID = r"^[0-9]{1,19}-[0-9]{1,19}$"  # each part below 2**64 - 1: Redis takes it, also as "(" + id
-
-
-# -- models --------------------------------------------------------------------------------------------------
-
-
-def _params_schema(schema: dict[str, Any]) -> None:
-    """ParamsUpdate's schema states every rule of the body: a field is a number, never null (absent: the run's
-    value stands), and at least one is given."""
-    for field in schema["properties"].values():
-        field.pop("default", None)
-    schema["minProperties"] = 1
-
-
-class ParamsUpdate(BaseModel):
-    """New selection parameters, applied from the next step on: tau, k or both. Read strictly: a JSON boolean,
-    a string or null is no number; k is a number with no fractional part (8, or 8.0 as JSON Schema has it)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_params_schema)
-    # None: absent (defaults are not validated, and null itself is refused)
-    tau: float = Field(None, ge=0, le=1, allow_inf_nan=False, description="Target pass rate, in [0, 1].")
-    k: int = Field(None, ge=1, description="Candidate pool factor, an integer >= 1; at most the run's k_max "
-                   "(GET /v1/status), else 409.")
-
-    @field_validator("k", mode="before")
-    @classmethod
-    def _whole_number(cls, value: Any) -> Any:
-        """8.0 is the integer 8 by the schema (JSON Schema's `integer`); 8.5, true and "8" stay refused."""
-        return int(value) if type(value) is float and value.is_integer() else value
-
-    @model_validator(mode="after")
-    def _something_to_change(self) -> "ParamsUpdate":
-        if self.tau is None and self.k is None:
-            raise ValueError("give tau and/or k")
-        return self
-
-
-class Event(BaseModel):
-    id: str = Field(description="Stream id; pass it as ?after= to read what came later.")
-    type: str = Field(
-        description="pause_requested, paused, resume_requested, resumed, params_requested, "
-        "params_applied, params_refused, checkpoint_requested, checkpoint_written, finished"
-    )
-    source: str = Field(description="'api' for requests, 'coordinator' for what it applied.")
-    time: float = Field(description="Unix time.")
-    step: int | None = Field(description="Coordinator events: the first step that ran with the change.")
-    data: dict[str, Any]
-
-
-class Accepted(BaseModel):
-    accepted: bool = True
-    event: Event
-
-
-class CheckpointAccepted(BaseModel):
-    accepted: bool = True
-    request_id: str
-    requested_at: float
-    note: str = "recorded; the coordinator sees it at the next step boundary"
-
-
-class RunStatus(BaseModel):
-    """The run as the coordinator last published it, with what is asked for and live queue depths."""
-
-    model_config = ConfigDict(extra="allow")
-    run: str
-    state: str = Field(description="waiting, running, pausing, paused, resuming, finished, failed or lost.")
-    step: int = Field(description="Training steps completed.")
-    policy_version: int | None = None
-    paused: bool = False
-    pause_requested: bool = False
-    tau: float | None = None
-    k: int | None = None
-    last_step: dict[str, Any] | None = Field(None, description="The last step's metrics record.")
-    queue_depths: dict[str, int]
-    actors: dict[str, str] | None = Field(None, description="Health of each actor at the last step.")
-    coordinator: dict[str, Any]
 
 
 # -- dependencies --------------------------------------------------------------------------------------------
@@ -146,12 +75,37 @@ def require_token(
         raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
 
+def read_fresh_or_stale(request: Request, response: Response) -> Callable:
+    """read(key, fetch) -> (answer, stale): fetch() while Redis answers, else the last good answer (its
+    `PCL-Stale` header set on the response)."""
+    def read(key, fetch: Callable) -> tuple[Any, dict | None]:
+        value, stale = request.app.state.readings.read(key, fetch)
+        response.headers.update(stale_header(stale))
+        return value, stale
+
+    return read
+
+
+def write_retried(request: Request) -> Callable:
+    """write(fn, *args, **kwargs): fn's Redis write, tried again for up to the app's write_retry_s while Redis is
+    unreachable or full."""
+    return lambda fn, *args, **kwargs: write_retrying(lambda: fn(*args, **kwargs), request.app.state.write_retry_s)
+
+
 Store = Annotated[ControlRequests, Depends(get_store)]
+Read = Annotated[Callable, Depends(read_fresh_or_stale)]
+Write = Annotated[Callable, Depends(write_retried)]
 
 
 # -- routes --------------------------------------------------------------------------------------------------
 
-UNAVAILABLE = {503: {"description": "Redis unreachable, or too many requests in flight (Retry-After)"}}
+UNAVAILABLE = {503: {"description": "Redis unreachable (a read with no reading yet, a mutation not recorded within "
+                         "a few seconds), or too many requests in flight; with Retry-After"}}
+STALE_HEADER = {"PCL-Stale": {"description": "Only on an answer from the last good reading while Redis is "
+                              "unreachable: `age_s=<seconds since it was read>; reason=\"...\"`.",
+                              "schema": {"type": "string"}}}
+STALE = {200: {"description": "The answer; possibly the last good reading, while Redis is unreachable (PCL-Stale)",
+               "headers": STALE_HEADER}}
 health = APIRouter(tags=["health"])
 
 
@@ -174,20 +128,25 @@ def readyz(store: Store) -> JSONResponse:
 reads = APIRouter(prefix="/v1", tags=["run"], responses=UNAVAILABLE)
 
 
-@reads.get("/status", response_model=RunStatus)
-def status(store: Store) -> dict:
-    return store.status()
+@reads.get("/status", response_model=RunStatus, responses=STALE)
+def status(store: Store, read: Read) -> dict:
+    """The run's state; while Redis is unreachable the last good reading, with `stale` set."""
+    answer, stale = read("status", store.status)
+    return {**answer, "stale": stale}
 
 
-@reads.get("/history")
+@reads.get("/history", response_model=HistoryPage, responses=STALE)
 def history(
     store: Store,
+    read: Read,
     after: Annotated[int, Query(ge=-1)] = -1,
     limit: Annotated[int, Query(ge=1, le=HISTORY_PAGE)] = HISTORY_PAGE,
 ) -> dict:
     """Per-step records (every figure of the step record, nulls left out) with step > after, oldest first; at
-    most HISTORY_PAGE per call (ask again with after= the last step for more)."""
-    return {"records": store.history(after, limit)}
+    most HISTORY_PAGE per call (ask again with after= the last step for more). While Redis is unreachable, the
+    last good answer to the same query, with `stale` set."""
+    records, stale = read(("history", after, limit), lambda: store.history(after, limit))
+    return {"records": records, "stale": stale}
 
 
 @reads.get("/fields")
@@ -198,16 +157,18 @@ def step_fields() -> dict:
                        for f in FIGURES.values()]}
 
 
-@reads.get("/events", response_model=list[Event])
+@reads.get("/events", response_model=list[Event], responses=STALE)
 def events(
     store: Store,
+    read: Read,
     after: Annotated[str | None, Query(pattern=STREAM_ID, description="A stream id, MS-SEQ (ASCII digits, at "
                                        "most 19 each: every such id is one Redis takes).")] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 200,
 ) -> list[dict]:
-    """The event log, oldest first: the newest `limit` events, or those after the id `after`."""
+    """The event log, oldest first: the newest `limit` events, or those after the id `after`. While Redis is
+    unreachable, the last good answer to the same query (header PCL-Stale)."""
     try:
-        return store.events(after, limit)
+        return read(("events", after, limit), lambda: store.events(after, limit))[0]
     except redis.ResponseError as exc:  # an id Redis refuses (STREAM_ID keeps them out); not its OOM & co
         if type(exc) is not redis.ResponseError:
             raise
@@ -238,32 +199,32 @@ FINAL = "the run has finished or failed"
 
 @control_routes.post("/pause", response_model=Accepted, status_code=202,
                      responses=state_conflict(f"already paused or pausing; {FINAL}"))
-def pause(store: Store) -> dict:
+def pause(store: Store, write: Write) -> dict:
     """Pause at the next step boundary: the step in flight completes, nothing is lost."""
-    return {"event": store.request_pause()}
+    return {"event": write(store.request_pause)}
 
 
 @control_routes.post("/resume", response_model=Accepted, status_code=202,
                      responses=state_conflict(f"not paused; {FINAL}"))
-def resume(store: Store) -> dict:
-    return {"event": store.request_resume()}
+def resume(store: Store, write: Write) -> dict:
+    return {"event": write(store.request_resume)}
 
 
 @control_routes.patch("/params", response_model=Accepted, status_code=202, responses={
     400: {"description": "the body is not UTF-8 text (a body that is text but not JSON is 422)"},
     **state_conflict(f"k above the run's k_max (the training set over m; GET /v1/status); the run's "
                      f"selection strategy has no tau or no k to set; {FINAL}")})
-def params(update: ParamsUpdate, store: Store) -> dict:
+def params(update: ParamsUpdate, store: Store, write: Write) -> dict:
     """Set tau and/or k; the next step uses them (recorded as params_applied with that step)."""
-    return {"event": store.request_params(tau=update.tau, k=update.k)}
+    return {"event": write(store.request_params, tau=update.tau, k=update.k)}
 
 
 @control_routes.post("/checkpoint", response_model=CheckpointAccepted, status_code=202,
                      responses=state_conflict(f"a checkpoint request is still pending; {FINAL}"))
-def checkpoint(store: Store) -> dict:
+def checkpoint(store: Store, write: Write) -> dict:
     """Record a checkpoint request (one may be pending at a time); the coordinator's checkpoint writer takes
     it at the next step boundary and records checkpoint_written."""
-    request = store.request_checkpoint()
+    request = write(store.request_checkpoint)
     return {"request_id": request["id"], "requested_at": request["requested_at"]}
 
 
@@ -272,6 +233,7 @@ pages = APIRouter()
 
 @pages.get("/metrics", tags=["metrics"], response_class=Response, responses=UNAVAILABLE)
 def metrics(request: Request) -> Response:
+    """Prometheus text; while Redis is unreachable from the last good reading, with pcl_control_store_up 0."""
     return Response(generate_latest(request.app.state.registry), media_type=CONTENT_TYPE_LATEST)
 
 
@@ -280,15 +242,18 @@ def dashboard(request: Request) -> HTMLResponse:
     return HTMLResponse(request.app.state.dashboard)
 
 
-def create_app(store: ControlRequests, token: str, control: ControlConfig | None = None) -> FastAPI:
+def create_app(store: ControlRequests, token: str, control: ControlConfig | None = None,
+               write_retry_s: float = WRITE_RETRY_S) -> FastAPI:
     """The control plane of `store`'s run; mutations need `token`. `control` sets the guard's limits, the
-    trusted hosts and /docs (ControlConfig's defaults when None)."""
+    trusted hosts and /docs (ControlConfig's defaults when None); a mutation waits up to `write_retry_s` for an
+    unreachable or full Redis."""
     control = control or ControlConfig()
     check_token(token, "the API token")  # ValueError for a short or placeholder token
     app = FastAPI(title="PCL control plane", version="1", summary=f"Steer and watch PCL run {store.run!r}.",
                   docs_url="/docs" if control.docs else None, redoc_url=None)
     app.state.store, app.state.token = store, token
-    app.state.registry = metrics_registry(store)
+    app.state.readings, app.state.write_retry_s = Readings(), write_retry_s
+    app.state.registry = metrics_registry(store, app.state.readings)
     app.state.dashboard = DASHBOARD.read_text(encoding="utf-8")
     for router in (health, reads, control_routes, pages):
         app.include_router(router)
@@ -319,7 +284,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(redis.RedisError)
     def redis_down(_: Request, exc: redis.RedisError) -> JSONResponse:
-        return JSONResponse({"detail": f"Redis unavailable: {type(exc).__name__}"}, status_code=503)
+        return JSONResponse({"detail": f"Redis unavailable: {type(exc).__name__}"}, status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 def _printable(part: Any) -> str | int:

@@ -6,7 +6,8 @@
 Nothing is kept in the serving process: gauges come from the status the coordinator published, counters and
 histograms from the run's totals hash (accumulated by the coordinator, step by step), queue depths from the
 streams themselves. So a control plane started late, or restarted, serves the same numbers, and counters never
-go back. Every series carries the label `run`; `pcl_queue_depth` also `stream` (one of three names), a dict-valued
+go back. While Redis is unreachable a scrape is the last good reading, with `pcl_control_store_up` 0 (a
+scrape with no reading yet fails: 503). Every series carries the label `run`; `pcl_queue_depth` also `stream` (one of three names), a dict-valued
 figure its own label (e.g. `worker`). Every figure of the step record (`pcl.loop.record.StepRecord`) is a series:
 its `kind` says which (a gauge of the last step, a counter, a histogram).
 """
@@ -21,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from pcl.loop.record import FIGURES, Figure, StepRecord, check_keys
+from services.control.outage import Readings
 from services.control.reads import ControlReader
 
 # Histograms of step phases (the step record's `histogram` figures); buckets from a tenth of a second (the tiny
@@ -35,6 +37,8 @@ CONTROL_METRICS: dict[str, tuple[str, str]] = {
     "pcl_tau": ("gauge", "Target pass rate tau of PCL selection, as applied to the current step."),
     "pcl_k": ("gauge", "Candidate pool factor k of PCL selection (k*m candidates are scored)."),
     "pcl_coordinator_up": ("gauge", "1 while the coordinator's heartbeat is fresh, else 0."),
+    "pcl_control_store_up": ("gauge", "1 while the control plane reads the run's state from Redis; 0 while Redis is "
+                             "unreachable and the other series are the last good reading."),
     "pcl_eval_accuracy": ("gauge", "Held-out accuracy at the last evaluation."),
     "pcl_queue_depth": ("gauge", "Entries of a work stream not yet acknowledged by its consumer group."),
     "pcl_redis_memory_used_bytes": ("gauge", "Memory Redis uses (INFO memory: used_memory)."),
@@ -70,11 +74,14 @@ METRICS: dict[str, tuple[str, str]] = {
 class RunCollector(Collector):
     """Builds every pcl_ metric family of one run from Redis, at collection time."""
 
-    def __init__(self, store: ControlReader):
-        self.store = store
+    def __init__(self, store: ControlReader, readings: Readings | None = None):
+        self.store, self.readings = store, readings or Readings()
 
     def collect(self) -> Iterator[Metric]:
-        status, totals, run = self.store.status(), self.store.totals(), self.store.run
+        run = self.store.run
+        (status, totals), stale = self.readings.read("metrics", lambda: (self.store.status(), self.store.totals()))
+        yield _family("pcl_control_store_up", CONTROL_METRICS["pcl_control_store_up"][1],
+                      [({"run": run}, 0.0 if stale else 1.0)])
         gauges = {
             "pcl_step": status.get("step"),
             "pcl_policy_version": status.get("policy_version"),
@@ -87,7 +94,8 @@ class RunCollector(Collector):
         for name, value in gauges.items():
             if value is not None:
                 yield _family(name, CONTROL_METRICS[name][1], [({"run": run}, float(value))])
-        yield from _redis_memory(self.store, run)
+        if not stale:
+            yield from _redis_memory(self.store, run)
         depths = status["queue_depths"]
         yield _family("pcl_queue_depth", CONTROL_METRICS["pcl_queue_depth"][1],
                       [({"run": run, "stream": s}, float(d)) for s, d in depths.items()])
@@ -145,10 +153,11 @@ def _redis_memory(store: ControlReader, run: str) -> Iterator[Metric]:
         yield _family(name, CONTROL_METRICS[name][1], [({"run": run}, float(info.get(key, 0)))])
 
 
-def metrics_registry(store: ControlReader) -> CollectorRegistry:
-    """A registry of its own (not the process-wide default), so several runs can be served side by side."""
+def metrics_registry(store: ControlReader, readings: Readings | None = None) -> CollectorRegistry:
+    """A registry of its own (not the process-wide default), so several runs can be served side by side;
+    `readings` keeps the last good reading (the app's, shared with its other reads)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunCollector(store))
+    registry.register(RunCollector(store, readings))
     return registry
 
 

@@ -1,5 +1,7 @@
 """What the control plane's API asks of a run (pause, resume, new tau / k, a checkpoint), logged as events; the
-coordinator applies them at the next step boundary (`services/control/run.py`)."""
+coordinator applies them at the next step boundary (`services/control/run.py`). Each request is one Redis
+transaction (the change and its event), so a request the API retries while Redis restarts is recorded whole or
+not at all (`services/control/outage.py`)."""
 
 from __future__ import annotations
 
@@ -57,15 +59,24 @@ class ControlRequests(ControlReader):
         return event
 
     def request_checkpoint(self) -> dict:
-        """Record a checkpoint request; the coordinator sees it at the next step boundary."""
+        """Record a checkpoint request; the coordinator sees it at the next step boundary. The request and its
+        event are one transaction: both are recorded, or neither."""
         self._check_not_final("checkpoint")
         request = {"id": uuid.uuid4().hex[:12], "requested_at": time.time()}
-        if not self.client.hsetnx(self.control_key, "checkpoint", json.dumps(request)):
+        _, fields = self._event("checkpoint_requested", "api", None,
+                                {"request_id": request["id"], "last_step": self.published().get("step")})
+
+        def record(pipe: redis.client.Pipeline) -> bool:
+            if pipe.hexists(self.control_key, "checkpoint"):
+                return False
+            pipe.multi()
+            pipe.hset(self.control_key, "checkpoint", json.dumps(request))
+            self._append(pipe, fields)
+            return True
+
+        if not self.client.transaction(record, self.control_key, value_from_callable=True):
             pending = self.desired().checkpoint or {}
             raise ControlConflict(f"checkpoint request {pending.get('id')!r} is still pending")
-        self.add_event(
-            "checkpoint_requested", "api", request_id=request["id"], last_step=self.published().get("step")
-        )
         return request
 
     def _flip_paused(self, old: str, new: str, kind: str) -> dict | None:
