@@ -17,7 +17,7 @@ Redis holds, never from the fault injector's log. Pure: each check takes what wa
 - weights: the final weights equal the reference run's (deterministic rollouts), or the final held-out accuracy
   is within noise of the reference's;
 - control: the control plane answered every request with 2xx or 4xx, except while the driver was down (refusals
-  then are allowed and counted).
+  then are allowed and counted); /readyz answering 503 while Redis is unreachable is its answer (counted).
 """
 
 from __future__ import annotations
@@ -147,15 +147,21 @@ def check_accuracy(final: tuple[float, float | None] | None, reference: tuple[fl
                                  f"{abs(a - b):.3f} {'<=' if ok else '>'} {bound:.3f} ({ACCURACY_SIGMAS:g} s.e.)")
 
 
+READINESS_PROBE = "GET /readyz"  # its 503 says "Redis unreachable": the probe's answer, not a refusal
+
+
 def check_control(requests: list[dict]) -> Check:
     """`requests`: each {"what", "status" (int, or None when nothing answered), "error", "driver_up" (bool)}. Every
-    request answered 2xx or 4xx, except refusals while the driver was down (counted)."""
+    request answered 2xx or 4xx, except refusals while the driver was down (counted). A 503 of the readiness probe
+    (/readyz) is an answer: its contract is 503 while Redis is unreachable (a Redis restart), when the reads
+    answer from their last good reading and mutations wait for Redis (counted apart)."""
     answered = Counter(r["status"] // 100 for r in requests if r["status"] is not None)
     refused = [r for r in requests if r["status"] is None and not r["driver_up"]]
+    unready = [r for r in requests if r["what"] == READINESS_PROBE and r["status"] == 503]
     bad = [r for r in requests if (r["status"] is None and r["driver_up"])
-           or (r["status"] is not None and r["status"] // 100 not in (2, 4))]
-    summary = (f"{len(requests)} requests: {answered[2]} 2xx, {answered[4]} 4xx, {answered[5]} 5xx; "
-               f"{len(refused)} refused while the driver was down")
+           or (r["status"] is not None and r["status"] // 100 not in (2, 4) and r not in unready)]
+    summary = (f"{len(requests)} requests: {answered[2]} 2xx, {answered[4]} 4xx, {answered[5]} 5xx "
+               f"({len(unready)} of them /readyz: Redis unreachable); {len(refused)} refused while the driver was down")
     if not requests:
         return Check("control", None, "no control-plane request was made")
     ok = not bad

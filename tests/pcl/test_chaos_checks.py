@@ -94,8 +94,14 @@ def test_the_control_check_allows_refusals_only_while_the_driver_is_down():
             {"what": "GET /v1/status", "status": None, "error": "refused", "driver_up": False}]
     result = check_control(fine)
     assert result.ok and "1 refused while the driver was down" in result.detail
+    unready = {"what": "GET /readyz", "status": 503, "error": "Redis unreachable", "driver_up": True}
+    result = check_control(fine + [unready])  # the probe's answer while Redis restarts
+    assert result.ok and "1 5xx (1 of them /readyz: Redis unreachable)" in result.detail
     for bad in ({"what": "GET /v1/status", "status": None, "error": "ConnectionRefused", "driver_up": True},
                 {"what": "GET /metrics", "status": 503, "error": "Redis", "driver_up": True},
+                {"what": "GET /v1/status", "status": 503, "error": "Redis", "driver_up": True},
+                {"what": "pause", "status": 503, "error": "Redis", "driver_up": True},
+                {"what": "GET /readyz", "status": 500, "error": "boom", "driver_up": True},
                 {"what": "tau", "status": 500, "error": "boom", "driver_up": False}):
         result = check_control(fine + [bad])
         assert result.ok is False and bad["what"] in result.detail
