@@ -10,7 +10,10 @@ scoring is local to each rank (its scoring copy), a training step is collective.
 Ray restarts it when its process dies; the restarted scorer takes V (weights, optimizer, RNG) from the run's
 newest complete checkpoint, so V loses at most the steps since then, and the call in flight is retried. The
 other ranks belong to it: when one of them is lost mid-call, this actor ends its own process, so that the
-whole group restarts that way.
+whole group restarts that way. With deterministic rollouts (`rollout.deterministic`) it is not restarted in place
+(`restart_options`): V as of a checkpoint is not the V an uninterrupted run has at that step, so its selections,
+and the final weights, would differ. There a lost V process fails the call, and the driver restarts the whole run
+from its newest checkpoint (as for a lost learner rank), which resumes exactly.
 """
 
 from __future__ import annotations
@@ -54,6 +57,13 @@ def _build_trainer(cfg: ValueModelConfig, model_path: str, device: str, seed: in
     where = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
     model = ValueModel.from_pretrained(model_path, dtype="float32", device="cpu")  # sharded onto `where`
     return ShardedValueTrainer(model, cfg.lr, device=where, rank=rank, world_size=world_size, **options)
+
+
+def restart_options(deterministic: bool) -> dict[str, int]:
+    """The ValueScorerActor's Ray restart options: restarted in place by Ray (V from the newest checkpoint, the
+    call retried), or with deterministic rollouts never (the call fails with RayActorError: the driver restarts
+    the run from its checkpoint, `entrypoints.train.recoverable`)."""
+    return {"max_restarts": 0, "max_task_retries": 0} if deterministic else {"max_restarts": -1, "max_task_retries": -1}
 
 
 def _shares(items: Sequence, parts: int) -> list[list]:
@@ -118,8 +128,9 @@ class ValueScorerActor:
             return own, gather(refs, self.timeout_s, f"value {method}")
         except Exception:
             if self._lost_peers():
-                log.error("value %s: a value rank was lost; restarting the value group from its checkpoint", method)
-                os._exit(1)  # Ray restarts this actor (and with it the group) and retries the call
+                log.error("value %s: a value rank was lost; ending the value group (restarted from its checkpoint, "
+                          "in place or, with deterministic rollouts, with the whole run)", method)
+                os._exit(1)  # Ray restarts this actor (and the group) and retries the call, unless restart_options
             raise
 
     def _lost_peers(self) -> bool:

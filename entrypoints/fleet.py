@@ -159,7 +159,7 @@ def _start_actors(cfg: Config, prep, redis_url: str, placement: Placement):
     from actors.learner import LearnerGroup
     from actors.rollout import RolloutWorker
     from actors.sampler import PromptSamplerActor
-    from actors.scorer import ValueScorerActor
+    from actors.scorer import ValueScorerActor, restart_options
     from actors.verifier import RewardVerifier
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -175,7 +175,8 @@ def _start_actors(cfg: Config, prep, redis_url: str, placement: Placement):
     if "value" in placement.groups:  # the strategy needs V (pcl.tools.placement.placement_plan)
         gpus = cfg.learner.num_gpus_per_rank  # every V rank: one learner rank's GPUs
         h.scorer = ValueScorerActor.options(num_gpus=gpus, resources=cfg.value.resources or None,
-                                            scheduling_strategy=placement.at("value", 0)).remote(
+                                            scheduling_strategy=placement.at("value", 0),
+                                            **restart_options(cfg.rollout.deterministic)).remote(
             cfg.value, prep.value_path, "cuda" if gpus > 0 else "cpu", seed,
             checkpoints=str(prep.run_dir / "checkpoints"), num_gpus=gpus, timeout_s=cfg.learner.timeout_s,
             placement=placement.groups["value"])

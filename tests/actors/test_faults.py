@@ -5,7 +5,8 @@ exactly once. What each failure does (docs/operations.md):
 
 - rollout worker, verifier, value scorer: Ray restarts the actor; the stream entries it held are reclaimed after
   the visibility timeout; a restarted rollout worker gets the current weights from the coordinator; a restarted
-  scorer takes V from the newest checkpoint. The run goes on without a restart.
+  scorer takes V from the newest checkpoint. The run goes on without a restart. (With deterministic rollouts the
+  scorer is not restarted in place: tests/actors/test_scorer.py.)
 - learner rank, coordinator: the driver restarts the fleet from the newest complete checkpoint (one restart).
 - Redis: clients reconnect with backoff; with AOF on, nothing acknowledged is lost.
 """

@@ -34,3 +34,31 @@ def test_two_value_ranks_score_and_train_as_one(ray_session, tiny_model_dir, tmp
     assert np.abs(ray.get(actors[1].score.remote(PROMPTS), timeout=300) - scores[2]).max() < 1e-6
     for actor in actors.values():
         ray.kill(actor, no_restart=True)
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_a_lost_value_process_is_restarted_in_place_unless_rollouts_are_deterministic(deterministic, ray_session,
+                                                                                     tiny_model_dir):
+    """Restarted in place, V comes back from the newest checkpoint: not the V an uninterrupted run has, so with
+    rollout.deterministic the selections, and the final weights, would differ from it (`pcl chaos --reference`).
+    There the lost process fails the call, a failure the driver restarts the whole run from its checkpoint for."""
+    import os
+    import signal
+
+    import ray
+
+    from actors.scorer import ValueScorerActor, restart_options
+    from entrypoints.train import recoverable
+
+    actor = ValueScorerActor.options(**restart_options(deterministic)).remote(
+        ValueModelConfig(lr=1e-2, batch_size=2), str(tiny_model_dir), "cpu", 0, timeout_s=120)
+    pid = ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=300)
+    os.kill(pid, signal.SIGKILL)
+    if deterministic:
+        with pytest.raises(ray.exceptions.RayActorError) as lost:
+            ray.get(actor.score.remote(PROMPTS), timeout=300)
+        assert recoverable(lost.value)
+    else:  # Ray restarted it and retried the call
+        assert ray.get(actor.score.remote(PROMPTS), timeout=300).shape == (len(PROMPTS),)
+        assert ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60) != pid
+    ray.kill(actor, no_restart=True)
