@@ -85,8 +85,10 @@ class FleetLearner:
         self.policy_version = 0
         self.worker_reloads = 0  # weights given to rollout workers Ray restarted
         self.unavailable: set[int] = set()  # workers that did not answer the last fleet check (restarting)
+        self.ahead = False  # the learner has trained past the version the fleet serves (not yet synced)
 
     def train(self, sequences: Sequence[dict], global_count: int) -> dict[str, float]:
+        self.ahead = True
         return self.learners.train(sequences, global_count=global_count)
 
     def sync_weights(self, version: int) -> None:
@@ -94,11 +96,13 @@ class FleetLearner:
         that dies meanwhile is restarted by Ray and the load retried on it."""
         self.sender.sync(version)
         self.policy_version = version
+        self.ahead = False
 
     def check_fleet(self) -> None:
         """Give the current weights to rollout workers that lack them: one that Ray restarted after its process
         died holds the initial weights and serves nothing until then (at version 0, when those are current, it
-        is only told to serve)."""
+        is only told to serve). While the learner trains ahead of the fleet (asynchronous steps), the learner no
+        longer holds the fleet's version: such a worker waits for the next sync."""
         refs = [w.policy_version.remote() for w in self.workers]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)
         self.unavailable = set()
@@ -113,6 +117,11 @@ class FleetLearner:
                 continue
             if version != self.policy_version and self.policy_version == 0:
                 ray.get(worker.serve.remote(), timeout=self.timeout_s)  # version 0: its initial weights are current
+            elif version != self.policy_version and self.ahead:
+                # Asynchronous steps: the learner already trains past the version the fleet serves, so its weights
+                # are not that version's any more; the worker serves from the next sync, the others meanwhile.
+                log.warning("rollout worker holds policy version %s, not %s (restarted?), while the learner trains "
+                            "ahead: it serves from the next weight sync", version, self.policy_version)
             elif version != self.policy_version:
                 log.warning("rollout worker holds policy version %s, not %s (restarted?): reloading its weights",
                             version, self.policy_version)

@@ -7,7 +7,7 @@ selection strategy is a discriminated union on `type`.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -23,6 +23,12 @@ Resources = dict[str, Annotated[float, Field(gt=0)]]  # custom Ray resources an 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+# The most steps a batch may be generated ahead of the one that trains on it: the batches ahead are held in the
+# coordinator's memory and written into every checkpoint, and beyond a few versions the truncated importance
+# weights leave little of the signal.
+MAX_STALENESS = 4
 
 
 class RunConfig(Section):
@@ -42,6 +48,12 @@ class RunConfig(Section):
     train_budget_s: float | None = Field(None, gt=0, description="Stop after this many seconds of training "
                                          "(train_elapsed_seconds: evaluations and checkpoint writes excluded), "
                                          "the paper's clock; the last evaluation is taken at the stop.")
+    max_staleness: int = Field(0, ge=0, le=MAX_STALENESS, description="Asynchronous steps: s >= 1 lets the fleet "
+                               "generate step t+s's batch while the learner trains step t, so each batch is "
+                               "trained on exactly s policy versions after the one that generated it (fewer in "
+                               "the first s steps). 0: synchronous steps. Needs a single-round selection "
+                               "(uniform, pcl, prefilter) and learner.off_policy.correction; the s batches "
+                               "generated ahead are held in memory and in every checkpoint.")
 
     @property
     def evaluates_held_out(self) -> bool:
@@ -121,12 +133,14 @@ class UniformSelection(Section):
     """Plain GRPO: m prompts uniformly at random."""
 
     type: Literal["uniform"] = "uniform"
+    single_round: ClassVar[bool] = True  # one generation round a step: run.max_staleness may generate it ahead
 
 
 class PCLSelection(Section):
     """The value model picks the m of k*m candidates closest to tau."""
 
     type: Literal["pcl"] = "pcl"
+    single_round: ClassVar[bool] = True
     tau: float = Field(0.5, ge=0, le=1, description="Target pass rate.")
     k: int = Field(4, ge=1, description="Candidate pool factor: k*m candidates are scored.")
     pipelined: bool = Field(False, description="Score step t+1's candidates while step t generates.")
@@ -136,6 +150,7 @@ class PrefilterSelection(Section):
     """Keep prompts whose reference-policy pass rate is strictly between p_low and p_high."""
 
     type: Literal["prefilter"] = "prefilter"
+    single_round: ClassVar[bool] = True
     n_pre: int = Field(16, ge=1, description="Reference rollouts per prompt (the paper: 16).")
     p_low: float = Field(0.0, ge=0, le=1)
     p_high: float = Field(1.0, ge=0, le=1)
@@ -418,6 +433,22 @@ class Config(Section):
             raise ValueError(f"value.max_tokens_per_micro_batch ({budget}) is below the longest prompt, "
                              f"{self.data.max_prompt_tokens} tokens (data.max_prompt_tokens): raise it to at least "
                              f"{self.data.max_prompt_tokens}")
+        return self
+
+    @model_validator(mode="after")
+    def _asynchronous_steps_can_be_generated_ahead(self) -> "Config":
+        staleness = self.run.max_staleness
+        if not staleness:
+            return self
+        if not getattr(self.selection, "single_round", False):
+            raise ValueError(f"run.max_staleness = {staleness} generates each step's batch ahead in one round; "
+                             f"selection.type = {self.selection.type!r} generates several rounds within a step, each "
+                             "on the step's own policy: use run.max_staleness = 0 with it (asynchronous steps take "
+                             "uniform, pcl or prefilter)")
+        if self.learner.off_policy.correction == "none":
+            raise ValueError(f"run.max_staleness = {staleness} trains on samples of a policy {staleness} versions "
+                             "older than the learner's: set learner.off_policy.correction = 'truncated' (the loss "
+                             "weighted by the truncated importance ratio), or run.max_staleness = 0")
         return self
 
     @model_validator(mode="after")

@@ -33,6 +33,7 @@ class Sample:
     reward: float  # verified reward in {0, 1}; 0 for truncated responses
     finish_reason: str  # "stop" or "length"
     response_logprobs: tuple[float, ...] | None = None  # the engine's log pi of each response token, if reported
+    policy_version: int = -1  # the policy version that generated it (-1: not recorded)
 
 
 @dataclass(frozen=True)

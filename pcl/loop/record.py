@@ -123,6 +123,14 @@ class StepRecord:
     importance_ratio_clipped_share: float | None = figure(
         "Share of the last step's trained tokens whose importance ratio exceeded learner.off_policy.cap (weighted "
         "at the cap).", title="importance ratio clipped share")
+    batch_staleness: int | None = figure("Policy versions between the one that generated the last step's batch "
+                                         "and the learner's (0: synchronous; run.max_staleness bounds it).",
+                                         title="batch staleness (versions)")
+    learner_wait_seconds: float | None = figure("Seconds the learner waited after its step for the batch generated "
+                                                "ahead (asynchronous steps).", title="learner waiting for data (s)")
+    fleet_wait_seconds: float | None = figure("Seconds the rollout fleet sat idle after generating ahead, waiting "
+                                              "for the learner's new weights (asynchronous steps).",
+                                              title="fleet waiting for weights (s)")
     worker_reloads: int | None = figure("Rollout workers restarted since the start of the run.", "counter")
     dropped_duplicates: int | None = figure("Rollout results dropped as duplicates.", "counter")
     dropped_stale_step: int | None = figure("Rollout results dropped as left over from an earlier step.", "counter")

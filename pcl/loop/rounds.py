@@ -21,11 +21,12 @@ the prompt's trained samples (still 0 .. n-1), and `samples_of` leaves them out.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from pcl.data.prompts import PromptRecord
 from pcl.engines.request import RolloutRequest, SamplingParams
 from pcl.loop.batch import Sample
 
@@ -86,3 +87,21 @@ class RoundLedger:
     def samples_of(self, prompt_ids: Iterable[str]) -> list[Sample]:
         """Every sample of these prompts collected this step, from all rounds (estimation rollouts excluded)."""
         return [s for pid in prompt_ids for s in self.samples.get(pid, [])]
+
+
+@dataclass
+class StepBatch:
+    """What a step's rounds produced: every sample (the ledger), the strategy's batch, V's scores, the probe."""
+
+    ledger: RoundLedger
+    prompts: list[PromptRecord] = field(default_factory=list)  # the m prompts trained on, in order
+    values: dict[str, float] = field(default_factory=dict)  # V(x) of every scored candidate, by prompt id
+    probe_ids: list[str] = field(default_factory=list)  # the unfiltered probe of V's explained variance
+    probe_rates: list[float] = field(default_factory=list)  # their realised pass rates, in the same order
+    probe_samples: int = 0  # samples generated only for the probe (its prompts the strategy did not choose)
+    probe_seconds: float = 0.0  # their share of the generation call's seconds (by sample count)
+    version: int = 0  # the policy version that generated it
+
+    @property
+    def ids(self) -> list[str]:
+        return [p.id for p in self.prompts]

@@ -64,7 +64,8 @@ class TrainingRun:
                                                          last=self.train_budget_spent()))
             record.elapsed_seconds, record.train_elapsed_seconds = self.clock.elapsed(), self.clock.train_elapsed()
             self.log.append(record.to_dict())
-            self.selections.append({"step": step + 1, "ids": loop.last_ids, "samples": loop.last_indices})
+            self.selections.append({"step": step + 1, "ids": loop.last_ids, "samples": loop.last_indices,
+                                    "versions": loop.last_versions})
             self.control.publish(record, loop.policy_version)
             loop.state.step = step + 1
             steps_done += 1

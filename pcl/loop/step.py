@@ -23,11 +23,11 @@ Everything outside the algorithm is behind the ports of `pcl.loop.ports`; the sc
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from pcl.loop.ahead import GenerationAhead
 from pcl.loop.batch import group_samples, training_sequences
 from pcl.config import Config
 from pcl.data.prompts import PromptRecord
@@ -38,7 +38,7 @@ from pcl.loop.state import LoopState
 from pcl.loop.resume import resume_strategy
 from pcl.rl import IMPORTANCE_RATIO_KEYS, effective_ratio, explained_variance
 from pcl.loop.record import StepRecord, check_keys
-from pcl.loop.rounds import RoundLedger
+from pcl.loop.rounds import RoundLedger, StepBatch
 from pcl.strategies.base import Request, Rollout, StepStrategy
 
 
@@ -59,23 +59,6 @@ class StepTimer(dict):
             self[name] = self.get(name, 0.0) + self.clock.monotonic() - start
 
 
-@dataclass
-class StepBatch:
-    """What a step's rounds produced: every sample (the ledger), the strategy's batch, V's scores, the probe."""
-
-    ledger: RoundLedger
-    prompts: list[PromptRecord] = field(default_factory=list)  # the m prompts trained on, in order
-    values: dict[str, float] = field(default_factory=dict)  # V(x) of every scored candidate, by prompt id
-    probe_ids: list[str] = field(default_factory=list)  # the unfiltered probe of V's explained variance
-    probe_rates: list[float] = field(default_factory=list)  # their realised pass rates, in the same order
-    probe_samples: int = 0  # samples generated only for the probe (its prompts the strategy did not choose)
-    probe_seconds: float = 0.0  # their share of the generation call's seconds (by sample count)
-
-    @property
-    def ids(self) -> list[str]:
-        return [p.id for p in self.prompts]
-
-
 class StepLoop:
     """The algorithm, one step at a time, on its ports; its state survives a restart through `state_dict`."""
 
@@ -89,6 +72,9 @@ class StepLoop:
         self.reference: dict[str, float] | None = None  # initial policy's pass rate by prompt id (when known)
         self.last_ids: list[str] = []  # the prompts the last step trained on
         self.last_indices: list[list[int]] = []  # the sample indices of each of them (selections.jsonl)
+        self.last_versions: list[list[int]] = []  # the policy version that generated each of those samples
+        staleness = cfg.run.max_staleness
+        self.ahead = GenerationAhead(self, staleness) if staleness else None  # asynchronous steps
 
     @property
     def policy_version(self) -> int:
@@ -101,16 +87,21 @@ class StepLoop:
         m, n, timer = self.cfg.run.m, self.cfg.run.n, StepTimer(self.clock)
         with timer("step_seconds"):
             self.prepare_reference(timer)  # once: the initial policy's pass rates, where the strategy needs them
-            batch = self.collect_batch(step, timer)  # 1-5. candidates, V, selection, verified responses
+            batch = self.next_batch(step, timer)  # 1-5. candidates, V, selection, verified responses
             self.last_ids = batch.ids
             samples = batch.ledger.samples_of(batch.ids)
-            self.last_indices = [[s.sample_index for s in batch.ledger.samples_of([pid])] for pid in batch.ids]
+            by_prompt = [batch.ledger.samples_of([pid]) for pid in batch.ids]
+            self.last_indices = [[s.sample_index for s in group] for group in by_prompt]
+            self.last_versions = [[s.policy_version for s in group] for group in by_prompt]
             groups = group_samples(samples, batch.ids, n)
+            if self.ahead is not None:  # asynchronous: step + s's batch is generated while this one trains
+                self.ahead.start(step, timer)
             with timer("train_seconds"):  # 6-7. group-mean advantages, one policy-gradient step; 8. train V
                 value_step = self.train_value(batch.prompts, groups.pass_rates)
                 sequences = training_sequences(groups, self.cfg.learner.off_policy.correction)
                 learn = self.learner.train(sequences, global_count=m * n)
                 value_stats = value_step.result() if value_step is not None else {}
+            waits = self.ahead.finish(timer) if self.ahead is not None else {}
             with timer("weight_sync_seconds"):  # 9.
                 self.sync_weights(self.policy_version + 1)
         record = StepRecord(
@@ -127,51 +118,68 @@ class StepLoop:
             learner_padding_ratio=learn.get("learner_padding_ratio"),
             batch_samples=len(samples),  # m*n, each (prompt, sample index) exactly once:
             batch_unique_samples=len({(x.prompt_id, x.sample_index) for x in samples}))
-        record.update({**timer, **value_stats, **self.strategy.metrics(), **self.rollouts.counters()})
+        record.update({**timer, **value_stats, **self.strategy.metrics(), **self.rollouts.counters(), **waits})
+        record.batch_staleness = self.policy_version - 1 - batch.version  # 0 in synchronous steps
         gaps = ("logprob_gap_mean", "logprob_gap_max")  # the learner's, where the engine reported log-probs
         record.update({f"rollout_{key}": learn[key] for key in gaps if key in learn})
         record.update({key: learn[key] for key in IMPORTANCE_RATIO_KEYS if key in learn})  # with a correction
         return record
 
+    def next_batch(self, step: int, timer: StepTimer) -> StepBatch:
+        """This step's batch: collected now (synchronous steps), or generated during step - s (asynchronous)."""
+        return self.ahead.take(step, timer) if self.ahead is not None else self.collect_batch(step, timer)
+
     def collect_batch(self, step: int, timer: StepTimer) -> StepBatch:
         """Steps 1-5 in the rounds the strategy asks for, all generated by this step's policy: draw (and score)
         candidates, let the strategy choose what to generate, generate and verify, show it the rewards; until
         its batch is ready. Sample indices continue across rounds (the ledger), so records never collide."""
-        strategy, batch = self.strategy, StepBatch(RoundLedger())
+        strategy, batch = self.strategy, StepBatch(RoundLedger(), version=self.policy_version)
         batch.ledger.carry_in(strategy.start_step(step))  # SPEED's D_accepted from earlier steps (carry_over)
         while not strategy.ready:
-            with timer("selection_seconds"):
-                candidates, values = self.candidates(strategy.next_request())  # 1-2. candidates, V(x)
-                rollouts = strategy.propose(candidates, values)  # 3. e.g. the m closest to tau
-                if values is not None:  # V's predictions of this round's candidates, for the record
-                    batch.values.update({c.id: float(v) for c, v in zip(candidates, values)})
-                probe = self.choose_probe(candidates, values, rollouts, batch) if self.probe_due(step) else []
-                if strategy.needs.prefetch:
-                    self.prefetch_candidates()  # the next step's, scored while this one generates
-            samples = self.generate(step, rollouts, probe, batch, timer)  # 4-5.
-            batch.ledger.add(samples)
-            rewards = batch.ledger.round_rewards(samples)
-            batch.probe_rates += [float(rewards[i].mean()) for i in batch.probe_ids[len(batch.probe_rates):]]
-            strategy.observe({r.prompt.id: rewards[r.prompt.id] for r in rollouts})
+            rollouts, probe = self.select(step, batch, timer)  # 1-3.
+            requests = self.round_requests(rollouts, probe, batch)
+            start = self.clock.monotonic()
+            samples = self.rollouts.generate_rollouts(step, self.policy_version, requests)  # 4-5.
+            self.account_generation(batch, len(probe), requests, self.clock.monotonic() - start, timer)
+            self.observe(batch, rollouts, samples)
         batch.prompts = strategy.end_step(batch.ledger.samples_of)  # SPEED keeps D_accepted's samples
         return batch
 
-    def generate(self, step: int, wanted: list[Rollout], probe: list[PromptRecord], batch: StepBatch,
-                 timer: StepTimer) -> list:
-        """Steps 4-5 for one round: the strategy's rollouts and the probe's in one call (the probe adds no round
-        trip); the probe's share of the call's seconds, by sample count, is the probe's, not generation's, so
+    def select(self, step: int, batch: StepBatch, timer: StepTimer) -> tuple[list[Rollout], list[PromptRecord]]:
+        """Steps 1-3 for one round: candidates, V's predictions of them, the strategy's rollouts; and the probe's
+        prompts when it is due."""
+        strategy = self.strategy
+        with timer("selection_seconds"):
+            candidates, values = self.candidates(strategy.next_request())  # 1-2. candidates, V(x)
+            rollouts = strategy.propose(candidates, values)  # 3. e.g. the m closest to tau
+            if values is not None:  # V's predictions of this round's candidates, for the record
+                batch.values.update({c.id: float(v) for c, v in zip(candidates, values)})
+            probe = self.choose_probe(candidates, values, rollouts, batch) if self.probe_due(step) else []
+            if strategy.needs.prefetch:
+                self.prefetch_candidates()  # the next step's, scored while this one generates
+        return rollouts, probe
+
+    def round_requests(self, wanted: list[Rollout], probe: list[PromptRecord], batch: StepBatch) -> list:
+        """A round's requests: the strategy's rollouts and the probe's in one call (the probe adds no round trip)."""
+        return batch.ledger.reserve(wanted + [Rollout(p, self.cfg.run.n) for p in probe], self.sampling)
+
+    def account_generation(self, batch: StepBatch, probes: int, requests: list, seconds: float,
+                           timer: StepTimer) -> None:
+        """The probe's share of a generation call's seconds, by sample count, is the probe's, not generation's, so
         `generation_seconds` measures the same work for every strategy."""
-        requests = batch.ledger.reserve(wanted + [Rollout(p, self.cfg.run.n) for p in probe], self.sampling)
-        start = self.clock.monotonic()
-        samples = self.rollouts.generate_rollouts(step, self.policy_version, requests)
-        seconds = self.clock.monotonic() - start
-        probe_samples = len(probe) * self.cfg.run.n
+        probe_samples = probes * self.cfg.run.n
         total = sum(r.n for r in requests)
         probe_seconds = seconds * probe_samples / total if total else 0.0
         batch.probe_samples += probe_samples
         batch.probe_seconds += probe_seconds
         timer["generation_seconds"] = timer.get("generation_seconds", 0.0) + seconds - probe_seconds
-        return samples
+
+    def observe(self, batch: StepBatch, rollouts: list[Rollout], samples: list) -> None:
+        """A round's verified samples into the batch; the strategy sees its rollouts' rewards."""
+        batch.ledger.add(samples)
+        rewards = batch.ledger.round_rewards(samples)
+        batch.probe_rates += [float(rewards[i].mean()) for i in batch.probe_ids[len(batch.probe_rates):]]
+        self.strategy.observe({r.prompt.id: rewards[r.prompt.id] for r in rollouts})
 
     # -- the pieces ------------------------------------------------------------------------------------------
 
@@ -260,6 +268,7 @@ class StepLoop:
             "sampler": self.prompts.state_dict(),
             "strategy": self.strategy.state_dict(),
             **self.rollouts.state_dict(),
+            **({"ahead": self.ahead.state_dict()} if self.ahead is not None else {}),
         }
 
     def check_state(self, state: dict[str, Any], source: str = "the state") -> None:
@@ -279,6 +288,11 @@ class StepLoop:
         else:
             resume_strategy(self.strategy, state["strategy"], self.cfg.selection, checkpoint, int(state["step"]))
         self.state.load_state_dict(state, self.prompts.records() if state.get("prefetched") else None)
+        if self.ahead is not None:
+            self.ahead.load_state_dict(state.get("ahead", []), self.prompts.records())
+        elif state.get("ahead"):
+            raise ValueError(f"the state holds {len(state['ahead'])} batches generated ahead (run.max_staleness > 0); "
+                             "this run has run.max_staleness = 0: resume it with the checkpoint's run.max_staleness")
         self.sync_weights(self.policy_version)
         self.rollouts.load_state_dict(state)  # after the weights, as the engines' sampling state was saved
 

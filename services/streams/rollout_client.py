@@ -117,7 +117,7 @@ class RolloutClient:
             queue.trim_committed()
         return [Sample(rec.prompt_id, rec.sample_index, tuple(unpack_tokens(rec.prompt_token_ids).tolist()),
                        tuple(unpack_tokens(rec.token_ids).tolist()), float(rec.reward), rec.finish_reason,
-                       tuple(unpack_logprobs(rec.logprobs).tolist()) if rec.logprobs else None)
+                       tuple(unpack_logprobs(rec.logprobs).tolist()) if rec.logprobs else None, rec.policy_version)
                 for rec in batch]
 
     def _records(self, run: str, step: int, policy_version: int,

@@ -116,7 +116,8 @@ class FakeRollouts:
 
     def generate_rollouts(self, step: int, policy_version: int, requests: Sequence[RolloutRequest], tag: str = "",
                           on_progress=None) -> list[Sample]:
-        out = [Sample(r.prompt_id, i, r.prompt_token_ids, (7, 8), self.reward(r.prompt_id, i, policy_version), "stop")
+        out = [Sample(r.prompt_id, i, r.prompt_token_ids, (7, 8), self.reward(r.prompt_id, i, policy_version), "stop",
+                      policy_version=policy_version)
                for r in requests for i in r.indices]
         self.calls.append({"step": step, "version": policy_version, "tag": tag, "samples": len(out),
                            "prompts": [r.prompt_id for r in requests], "sampling": {r.sampling for r in requests}})
