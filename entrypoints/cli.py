@@ -11,7 +11,7 @@
     pcl plot RUN_DIR ... [--out PNG] [--labels a,b]         runs' curves overlaid in one PNG
     pcl eval [CONFIG ...] [key=value ...] [--out DIR]       avg@k per benchmark of model.path (the evaluation section)
     pcl export RUN_DIR|CHECKPOINT|MODEL_DIR --out DIR       the policy in Hugging Face format
-    pcl chaos CONFIG --seed S --faults N [--window S] [--out DIR] [--reference] [key=value ...]
+    pcl chaos CONFIG --seed S --faults N [--window S | --step-seconds S] [--out DIR] [--reference] [key=value ...]
                                                            a run under a seeded fault schedule; its invariants
     pcl plan CONFIG [MORE.yaml ...] [--nodes N] [--gpus-per-node G] [--gpu-memory GB] [--headroom F] [key=value ...]
                                                            GPU memory per GPU of each role; exit 1 if it cannot fit
@@ -183,7 +183,7 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
     from entrypoints.chaos import run_chaos
 
     return run_chaos(args.config, args.overrides, seed=args.seed, faults=args.faults, window_s=args.window,
-                     out=args.out, reference=args.reference, timeout_s=args.timeout)
+                     out=args.out, reference=args.reference, timeout_s=args.timeout, step_s=args.step_seconds)
 
 
 def _cmd_probe_batch(args: argparse.Namespace) -> int:
@@ -295,8 +295,10 @@ def _add_run_commands(sub) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. run.steps=12")
     p.add_argument("--seed", type=int, default=0, help="the schedule's seed, also the run's run.seed (default 0)")
     p.add_argument("--faults", type=int, default=12, help="faults in the schedule (default 12: every kind)")
-    p.add_argument("--window", type=float, help="seconds of training the faults are drawn over (default 40 per "
-                   "fault)")
+    p.add_argument("--window", type=float, help="seconds of training the faults are drawn over (default: 0.7 of "
+                   "the run's expected length, run.steps x --step-seconds)")
+    p.add_argument("--step-seconds", type=float, help="seconds a step takes unfaulted, for the default window "
+                   "(default: measured by a reference run in OUT/reference, else 2.0, configs/chaos.yaml's pace)")
     p.add_argument("--out", help="output directory (default runs/chaos-<run.name>-seed<S>)")
     p.add_argument("--reference", action="store_true", help="also train the unfaulted reference and compare "
                    "the final weights (rollout.deterministic) or held-out accuracy")

@@ -4,6 +4,10 @@ traffic throughout, and the invariants checked at its end (docs/operations.md, "
     run_chaos("configs/chaos.yaml", [], seed=0, faults=12)                  # exit status 0: every invariant held
     run_chaos("configs/chaos.yaml", ["run.steps=12"], seed=1, faults=3, window_s=40, reference=True)
 
+The faults are drawn over a window that fits the run (`default_window`: a share of run.steps x the seconds a step
+takes, measured by an earlier reference run in OUT/reference, given as step_s, or STEP_S), so that none is drawn
+after the run has ended; one that still could not be injected because the run ended is reported as such.
+
 The schedule, the invariants and the report are pure (`pcl/tools/chaos_schedule.py`, `chaos_checks.py`,
 `chaos_report.py`); this package drives them: `session.py` runs `pcl train` as a child process and follows it,
 `faults.py` injects, `traffic.py` talks to the control plane, `final.py` reads what the run left, `reference.py`
@@ -23,9 +27,12 @@ from pcl.config import Config, ConfigError, ENV_FALLBACKS, load_config
 from pcl.tools.chaos_checks import (MALFORMED_MARK, Check, check_accuracy, check_batches, check_control, check_processes,
                                     check_steps, check_streams, check_weights)
 from pcl.tools.chaos_report import build_report, commit_times, format_report, recover, steps_redone
-from pcl.tools.chaos_schedule import MIN_KINDS, Schedule, check_schedule, draw_schedule
+from pcl.tools.chaos_schedule import (MIN_KINDS, WINDOW_SHARE, Schedule, check_schedule, draw_schedule, fit_window,
+                                      seconds_per_step)
 
-WINDOW_PER_FAULT_S = 40.0  # the default window: this many seconds of training per fault
+# Seconds a step of configs/chaos.yaml takes unfaulted on the 2-core machine (its reference runs): the default
+# window's pace when no reference run has measured it.
+STEP_S = 2.0
 
 
 def _free_port() -> int:
@@ -49,8 +56,23 @@ def chaos_config(config_files: list[str], overrides: list[str], seed: int) -> tu
     return cfg, overrides
 
 
+def default_window(cfg: Config, root: Path, step_s: float | None = None) -> tuple[float, str]:
+    """The window that fits the run, and how it was found: WINDOW_SHARE of run.steps x the seconds a step takes,
+    given (`step_s`), else measured from an unfaulted reference run in ROOT/reference, else STEP_S."""
+    from entrypoints.chaos.final import read_records
+
+    source = "--step-seconds"
+    if step_s is None:
+        step_s, source = seconds_per_step(read_records(root / "reference")[0]), f"measured by {root / 'reference'}"
+    if step_s is None:
+        step_s, source = STEP_S, "the estimate for configs/chaos.yaml"
+    return fit_window(cfg.run.steps, step_s), (f"{WINDOW_SHARE:g} x {cfg.run.steps} steps x {step_s:.2f} s a step "
+                                               f"({source})")
+
+
 def run_chaos(config: str, overrides: list[str], seed: int, faults: int, window_s: float | None = None,
-              out: str | None = None, reference: bool = False, timeout_s: float | None = None) -> int:
+              out: str | None = None, reference: bool = False, timeout_s: float | None = None,
+              step_s: float | None = None) -> int:
     """The whole chaos run; returns 0 when the run finished and every invariant held, else 1."""
     from entrypoints.chaos.driver import train_command
     from entrypoints.chaos.procs import ProcessTree
@@ -58,14 +80,14 @@ def run_chaos(config: str, overrides: list[str], seed: int, faults: int, window_
 
     files = [config] + [a for a in overrides if "=" not in a]
     cfg, overrides = chaos_config(files, [a for a in overrides if "=" in a], seed)
-    window_s = window_s or WINDOW_PER_FAULT_S * faults
+    root = Path(out or f"runs/chaos-{cfg.run.name}-seed{seed}")
+    if (root / "run").exists():
+        raise ConfigError(f"{root / 'run'} exists: a chaos run needs a new --out directory")
+    window_s, window_why = (window_s, "--window") if window_s else default_window(cfg, root, step_s)
     schedule = draw_schedule(seed, faults, window_s)
     problems = check_schedule(schedule, faults, min_kinds=min(faults, MIN_KINDS))
     if faults >= 12 and problems:
         raise ConfigError("the schedule breaks its rules: " + "; ".join(problems))
-    root = Path(out or f"runs/chaos-{cfg.run.name}-seed{seed}")
-    if (root / "run").exists():
-        raise ConfigError(f"{root / 'run'} exists: a chaos run needs a new --out directory")
     root.mkdir(parents=True, exist_ok=True)
     (root / "schedule.json").write_text(schedule.to_json())
     token = secrets.token_urlsafe(32)
@@ -75,8 +97,8 @@ def run_chaos(config: str, overrides: list[str], seed: int, faults: int, window_
     run = ChaosRun(train_command(files, [*overrides, f"control.port={port}"]), root / "run", env, cfg.run.name, tree)
     replay = (f"pcl chaos {' '.join(files)} --seed {seed} --faults {faults} --window {window_s:g}"
               + "".join(f" {o}" for o in overrides if not o.startswith("run.seed=")) + " --reference" * reference)
-    print(f"pcl chaos: {len(schedule.faults)} faults of {len(schedule.kinds)} kinds over {window_s:g} s; "
-          f"run in {root / 'run'}; replay: {replay}", flush=True)
+    print(f"pcl chaos: {len(schedule.faults)} faults of {len(schedule.kinds)} kinds over {window_s:g} s "
+          f"({window_why}); run in {root / 'run'}; replay: {replay}", flush=True)
     try:
         run.go(schedule, token, deadline_s=timeout_s or 2 * window_s + 1200)
         checks = final_checks(cfg, run, tree)

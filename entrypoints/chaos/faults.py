@@ -7,7 +7,8 @@
 A fault aimed at a process waits for one to exist (a fault drawn during a restart strikes the new process); one
 aimed at a phase (weight sync, checkpoint write) watches the run's processes and checkpoint directory every few
 milliseconds from its time on and strikes while the phase lasts. What cannot be injected within WAIT_S is
-reported as not injected, with the reason.
+reported as not injected, with the reason; a fault whose time (or target, or phase) had not come when the run
+ended as "not injected (run ended)".
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from entrypoints.chaos.procs import title_of
 from pcl.tools.chaos_checks import MALFORMED_MARK
+from pcl.tools.chaos_report import RUN_ENDED
 from pcl.tools.chaos_schedule import CHECKPOINT_TITLES, WEIGHT_SYNC_TITLES, Fault, Schedule
 
 WAIT_S = 300.0  # how long a fault waits for its target or phase
@@ -40,7 +42,7 @@ class Injector:
     def __init__(self, schedule: Schedule, run):
         self.schedule, self.run = schedule, run
         self.results: list[dict] = [{"index": f.index, "kind": f.kind, "scheduled_s": f.at_s, "injected_s": None,
-                                     "note": "not reached"} for f in schedule.faults]
+                                     "note": RUN_ENDED} for f in schedule.faults]  # until it fires
         self.stopped = threading.Event()
         self.threads: list[threading.Thread] = []
 
@@ -69,7 +71,7 @@ class Injector:
             note = getattr(self, f"_{fault.kind}", self._kill_actor)(fault, result)
             result["note"] = note
         except NotInjected as exc:
-            result.update(injected_s=None, note=f"not injected: {exc}")
+            result.update(injected_s=None, note=RUN_ENDED if self.stopped.is_set() else f"not injected: {exc}")
         except Exception as exc:  # noqa: BLE001 - a fault that broke is reported, the run goes on
             result["note"] = f"{'not injected' if result['injected_s'] is None else 'broke'}: {exc!r}"[:300]
         result.setdefault("ended_s", result["injected_s"])

@@ -17,6 +17,8 @@ from typing import Any
 from pcl.tools.chaos_checks import Check
 from pcl.tools.chaos_schedule import Schedule, format_schedule
 
+RUN_ENDED = "not injected (run ended)"  # the note of a fault the run ended before (entrypoints/chaos/faults.py)
+
 
 def commit_times(timeline: list[tuple[str, float, int]]) -> list[float]:
     """When steps were committed (a new step record appeared), in order."""
@@ -71,6 +73,8 @@ def build_report(schedule: Schedule, faults: list[dict], checks: list[Check], ru
     return {
         "seed": schedule.seed, "passed": not failed, "run": run, "replay": replay,
         "faults": faults, "by_kind": by_kind,
+        "not_injected": {"run_ended": sum(f.get("note") == RUN_ENDED for f in missed),
+                         "other": sum(f.get("note") != RUN_ENDED for f in missed)},
         "phases": dict(Counter(f.get("phase") for f in injected)),
         "recovery_s": {"median": statistics.median(times) if times else None, "max": max(times) if times else None,
                        "recovered": len(times), "injected": len(injected)},
@@ -78,6 +82,18 @@ def build_report(schedule: Schedule, faults: list[dict], checks: list[Check], ru
         "checks": [{"name": c.name, "status": c.status, "detail": c.detail} for c in checks],
         "schedule": schedule.to_json() if failed else None,
     }
+
+
+def _injected_line(report: dict[str, Any], schedule: Schedule) -> str:
+    """How many faults were injected; those that were not, and why (the run ended first: the window outlasted it)."""
+    missed = report.get("not_injected", {})
+    line = f"injected: {len(report['faults']) - sum(missed.values())} of {len(report['faults'])} faults"
+    if missed.get("run_ended"):
+        line += (f"; {missed['run_ended']} {RUN_ENDED}: the {schedule.window_s:g} s window outlasted the run "
+                 f"(a shorter --window, or --step-seconds)")
+    if missed.get("other"):
+        line += f"; {missed['other']} not injected for another reason (see their notes)"
+    return line
 
 
 def _seconds(value: float | None) -> str:
@@ -100,6 +116,7 @@ def format_report(report: dict[str, Any], schedule: Schedule) -> str:
                      f"{f.get('note', '')}")
     lines.append("by kind: " + ", ".join(f"{kind} {row['injected']}/{row['scheduled']} injected, {row['recovered']} "
                                          f"recovered" for kind, row in sorted(report["by_kind"].items())))
+    lines.append(_injected_line(report, schedule))
     lines.append("phases hit: " + ", ".join(f"{p} {c}" for p, c in sorted(report["phases"].items(), key=str)))
     rec = report["recovery_s"]
     lines.append(f"recovery: {rec['recovered']} of {rec['injected']} injected faults recovered; time to recover "

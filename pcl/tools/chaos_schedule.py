@@ -1,7 +1,8 @@
 """The fault schedule of a chaos run (`pcl chaos`): which faults, of which kinds, at which times, and the control
 plane's actions among them; a pure function of the seed, so a run can be replayed.
 
-    schedule = draw_schedule(seed=3, count=12, window_s=540.0)
+    window_s = fit_window(steps=150, step_s=2.0)  # the run's expected length, with a margin
+    schedule = draw_schedule(seed=3, count=12, window_s=window_s)
     check_schedule(schedule, count=12)            # [] when it meets the rules below
     print(format_schedule(schedule))
 
@@ -12,6 +13,10 @@ their time, or as soon as their target exists (a fault drawn during a restart wa
 The rules: `count` faults; every kind once before any kind twice (so at least min(count, 7) kinds; 12 faults cover
 all 11); about a third of the faults within seconds (0.5 to 4 s) after another one. The control plane's actions
 (a pause and its resume, a tau retune, a checkpoint request) are drawn from the same seed.
+
+The window must fit the run: a fault drawn after the run's end is never injected. `fit_window` takes a share of
+the run's expected unfaulted length (steps x seconds a step; `seconds_per_step` measures a run's pace from its
+records): the faults' own cost only lengthens the run, so the last fault still finds it training.
 
 `phase_of` names the phase a fault landed in from what the run showed at that moment (`Observation`).
 """
@@ -40,6 +45,7 @@ PHASED = {"weight_sync": "weight-sync", "checkpoint_write": "checkpoint-write"} 
 MIN_FAULTS, MIN_KINDS = 12, 7  # the full run's rules (issue 35)
 CLOSE_S = (0.5, 4.0)  # a clustered fault follows another by this many seconds
 LEAD_S = 5.0  # no fault before the run has trained for this long
+WINDOW_SHARE = 0.7  # the default window: this share of the run's expected unfaulted training time
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,24 @@ def draw_schedule(seed: int, count: int, window_s: float, kinds: tuple[str, ...]
                          round(rng.uniform(3.0, 10.0), 1) if kind == "redis_full" else 0.0)
                    for i, (kind, at) in enumerate(zip(order, sorted(times))))
     return Schedule(seed, window_s, faults, draw_actions(rng, window_s))
+
+
+def fit_window(steps: int, step_s: float, share: float = WINDOW_SHARE) -> float:
+    """The window that fits a run of `steps` steps of about `step_s` seconds each (unfaulted): `share` of its
+    length, and at least 2 x LEAD_S."""
+    if steps < 1 or not step_s > 0:
+        raise ValueError(f"a window needs steps >= 1 and seconds a step > 0 (got {steps}, {step_s})")
+    return round(max(2 * LEAD_S, share * steps * step_s), 1)
+
+
+def seconds_per_step(metrics_lines: list[dict]) -> float | None:
+    """A run's pace from its metrics.jsonl: seconds between its first and last step records (`elapsed_seconds`,
+    evaluations and checkpoints included, pauses not) over the steps between them; None with fewer than two."""
+    timed = [(int(r["step"]), float(r["elapsed_seconds"])) for r in metrics_lines
+             if "effective_ratio" in r and r.get("elapsed_seconds") is not None]
+    if len(timed) < 2 or timed[-1][0] <= timed[0][0]:
+        return None
+    return (timed[-1][1] - timed[0][1]) / (timed[-1][0] - timed[0][0])
 
 
 def draw_actions(rng: random.Random, window_s: float) -> tuple[Action, ...]:

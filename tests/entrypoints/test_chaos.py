@@ -58,3 +58,36 @@ def test_a_short_chaos_run_keeps_every_invariant(tiny_model, tmp_path):
         "malformed", "redis_full", "kill_rollout", "weight_sync"}
     assert {c["name"] for c in report["checks"]} == {"processes", "steps", "batches", "streams", "control", "weights"}
     assert "result: PASS" in done.stdout
+
+
+def test_the_default_window_fits_the_run_and_a_reference_measures_its_pace(tmp_path):
+    from entrypoints.chaos import STEP_S, default_window
+
+    cfg, _ = chaos_config(["configs/chaos.yaml"], ["run.steps=40"], seed=2)
+    window, why = default_window(cfg, tmp_path)
+    assert window < 40 * STEP_S and "estimate" in why  # not 40 s a fault: 6 faults would be 240 s
+    (tmp_path / "reference").mkdir()
+    (tmp_path / "reference" / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "effective_ratio": 0.5, "elapsed_seconds": 3.0 * s}) + "\n" for s in range(1, 41)))
+    window, why = default_window(cfg, tmp_path)
+    assert window < 40 * 3.0 and str(tmp_path / "reference") in why
+    assert default_window(cfg, tmp_path, step_s=1.0)[0] < 40 * 1.0
+
+
+def test_faults_the_run_ended_before_are_reported_not_injected():
+    import time
+    from types import SimpleNamespace
+
+    from entrypoints.chaos.faults import Injector
+    from pcl.tools.chaos_report import build_report, format_report
+    from pcl.tools.chaos_schedule import Fault, Schedule
+
+    schedule = Schedule(0, 60.0, (Fault(0, "kill_rollout", 5000.0), Fault(1, "malformed", 6000.0)))
+    injector = Injector(schedule, SimpleNamespace(clock=time.monotonic))
+    injector.start(time.monotonic())
+    injector.stop()  # the run ended before either fault's time
+    assert [r["note"] for r in injector.results] == ["not injected (run ended)"] * 2
+    report = build_report(schedule, injector.results, [], {"finished": True}, 0, "pcl chaos ...")
+    assert report["not_injected"] == {"run_ended": 2, "other": 0} and not report["passed"]
+    assert "injected: 0 of 2 faults; 2 not injected (run ended): the 60 s window outlasted the run" in format_report(
+        report, schedule)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pcl.tools.chaos_schedule import (CLOSE_S, KINDS, LEAD_S, MIN_FAULTS, MIN_KINDS, Fault, Observation, Schedule,
-                                      check_schedule, draw_schedule, format_schedule, phase_of)
+from pcl.tools.chaos_schedule import (CLOSE_S, KINDS, LEAD_S, MIN_FAULTS, MIN_KINDS, WINDOW_SHARE, Fault, Observation,
+                                      Schedule, check_schedule, draw_schedule, fit_window, format_schedule, phase_of,
+                                      seconds_per_step)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -74,3 +75,23 @@ def test_the_printed_schedule_names_each_fault_and_action():
 ])
 def test_the_phase_of_a_moment(obs, phase):
     assert phase_of(obs) == phase
+
+
+def test_the_window_fits_the_run():
+    """Seed 1's 12 faults over the old default (40 s a fault: 480 s) outlasted its 150 steps (about 430 s): the
+    window is now a share of the run's expected length, so every fault is drawn while the run trains."""
+    window = fit_window(steps=150, step_s=2.0)
+    assert window == WINDOW_SHARE * 300 < 300
+    schedule = draw_schedule(1, 12, window)
+    assert max(f.at_s for f in schedule.faults) < 150 * 2.0  # clustered faults may pass the window by seconds
+    assert max(a.at_s for a in schedule.actions) < 150 * 2.0
+    assert fit_window(steps=2, step_s=1.0) == 2 * LEAD_S  # never shorter than the lead before the first fault
+    with pytest.raises(ValueError):
+        fit_window(steps=0, step_s=2.0)
+
+
+def test_a_runs_pace_from_its_records():
+    lines = [{"step": 0, "eval_accuracy": 0.5, "elapsed_seconds": 1.0}]  # an evaluation line is no step
+    lines += [{"step": s, "effective_ratio": 0.5, "elapsed_seconds": 10.0 + 2.5 * s} for s in range(1, 9)]
+    assert seconds_per_step(lines) == pytest.approx(2.5)
+    assert seconds_per_step(lines[:2]) is None and seconds_per_step([]) is None
