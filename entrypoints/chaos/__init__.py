@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pcl.config import Config, ConfigError, ENV_FALLBACKS, load_config
 from pcl.tools.chaos_checks import (MALFORMED_MARK, Check, check_accuracy, check_batches, check_control, check_processes,
-                                    check_steps, check_streams, check_weights)
+                                    check_steps, check_streams, check_trackers, check_versions, check_weights)
 from pcl.tools.chaos_report import build_report, commit_times, format_report, recover, steps_redone
 from pcl.tools.chaos_schedule import (MIN_KINDS, WINDOW_SHARE, Schedule, check_schedule, draw_schedule, fit_window,
                                       seconds_per_step)
@@ -111,13 +111,15 @@ def run_chaos(config: str, overrides: list[str], seed: int, faults: int, window_
 
 def final_checks(cfg: Config, run, tree) -> list[Check]:
     """The invariants over what the run left: its processes, records and Redis."""
-    from entrypoints.chaos.final import read_records, read_redis
+    from entrypoints.chaos.final import read_records, read_redis, read_tracker_steps
 
     leftovers = tree.wait_gone(30.0)
     checks = [check_processes([f"{pid} {title[:80]}" for pid, title in leftovers])]
     metrics, selections = read_records(run.run_dir)
     checks.append(check_steps(metrics, selections, cfg.run.steps))
     checks.append(check_batches(metrics, selections, cfg.run.m, cfg.run.n))
+    checks.append(check_versions(selections, getattr(cfg.run, "max_staleness", 0)))
+    checks.append(check_trackers(read_tracker_steps(run.run_dir), cfg.run.steps))
     tree.kill_all()
     if (run.run_dir / "redis").is_dir():
         streams, dead = read_redis(run.run_dir / "redis", cfg.run.name)

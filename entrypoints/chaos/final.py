@@ -1,8 +1,9 @@
 """What a chaos run reads once its run has ended, for the invariants (`pcl.tools.chaos_checks`): the run's records
-(metrics.jsonl, selections.jsonl) and its Redis as the run left it.
+(metrics.jsonl, selections.jsonl), what its experiment tracker holds, and its Redis as the run left it.
 
     streams, dead = read_redis(run_dir / "redis", "chaos")   # the embedded server started again on its data
     metrics, selections = read_records(run_dir)
+    scalars = read_tracker_steps(run_dir)                     # TensorBoard: figure -> the steps written, in order
 
 The embedded Redis stops with its run; with AOF on (the embedded default) its data directory holds everything
 it acknowledged, so a server started again on that directory shows the streams, their consumer groups' pending
@@ -23,6 +24,24 @@ def read_records(run_dir: Path) -> tuple[list[dict], list[dict]]:
         return read_metrics(path) if path.is_file() else []
 
     return lines(METRICS_FILE), lines(SELECTIONS_FILE)
+
+
+def read_tracker_steps(run_dir: Path) -> dict[str, list[int]] | None:
+    """Each scalar figure in the run's TensorBoard event files (RUN_DIR/tensorboard, every file: a resumed driver
+    adds one) -> the steps it was written at, in the order written, read raw (TensorBoard's own accumulator drops
+    the events a step going back supersedes, which would hide a step written twice); None with no event file."""
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    files = sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    if not files:
+        return None
+    steps: dict[str, list[int]] = {}
+    for path in files:
+        for event in LegacyEventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                if value.WhichOneof("value") == "simple_value":
+                    steps.setdefault(value.tag, []).append(int(event.step))
+    return steps
 
 
 def read_redis(data_dir: Path, run: str) -> tuple[dict[str, dict], list[dict]]:

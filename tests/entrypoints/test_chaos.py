@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,7 @@ def test_the_seed_is_the_runs_seed():
     assert cfg.run.seed == 11 and cfg.run.steps == 7 and overrides[-1] == "run.seed=11"
     assert cfg.rollout.num_workers == 2 and cfg.rollout.deterministic and cfg.run.time_budget_s is None
     assert cfg.checkpoint.max_restarts > 12 and cfg.redis.visibility_timeout_s <= 5
+    assert "tensorboard" in cfg.logging.backends  # offline: the trackers invariant reads its event files
 
 
 def test_an_existing_output_is_not_overwritten(tmp_path):
@@ -56,7 +58,8 @@ def test_a_short_chaos_run_keeps_every_invariant(tiny_model, tmp_path):
     assert report["passed"] and all(c["status"] == "PASS" for c in report["checks"]), report["checks"]
     assert {f["kind"] for f in report["faults"] if f["injected_s"] is not None} == {
         "malformed", "redis_full", "kill_rollout", "weight_sync"}
-    assert {c["name"] for c in report["checks"]} == {"processes", "steps", "batches", "streams", "control", "weights"}
+    assert {c["name"] for c in report["checks"]} == {"processes", "steps", "batches", "versions", "trackers", "streams",
+                                                     "control", "weights"}
     assert "result: PASS" in done.stdout
 
 
@@ -91,3 +94,25 @@ def test_faults_the_run_ended_before_are_reported_not_injected():
     assert report["not_injected"] == {"run_ended": 2, "other": 0} and not report["passed"]
     assert "injected: 0 of 2 faults; 2 not injected (run ended): the 60 s window outlasted the run" in format_report(
         report, schedule)
+
+
+def test_a_step_two_drivers_wrote_to_tensorboard_is_read_twice(tmp_path):
+    """A SIGKILLed driver and its --resume write two event files into RUN_DIR/tensorboard: read raw, a step both
+    sent shows twice (TensorBoard's accumulator would keep one of them)."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from entrypoints.chaos.final import read_tracker_steps
+    from pcl.tools.chaos_checks import check_trackers
+
+    assert read_tracker_steps(tmp_path) is None
+    for steps in ([1, 2, 3], [3, 4]):  # the resumed driver sends step 3 again
+        writer = SummaryWriter(log_dir=str(tmp_path / "tensorboard"))
+        for step in steps:
+            writer.add_scalar("pcl/effective_ratio", 0.5, global_step=step)
+        writer.add_text("events/paused", "paused", global_step=steps[0])  # annotations are no figures
+        writer.close()
+        time.sleep(1.1)  # event file names hold the time in seconds
+    scalars = read_tracker_steps(tmp_path)
+    assert sorted(scalars["pcl/effective_ratio"]) == [1, 2, 3, 3, 4] and set(scalars) == {"pcl/effective_ratio"}
+    result = check_trackers(scalars, 4)
+    assert result.ok is False and "steps written twice: 3" in result.detail

@@ -8,7 +8,7 @@ import copy
 import pytest
 
 from pcl.tools.chaos_checks import (MALFORMED_MARK, check_accuracy, check_batches, check_control, check_processes,
-                                    check_steps, check_streams, check_weights)
+                                    check_steps, check_streams, check_trackers, check_versions, check_weights)
 from pcl.tools.chaos_report import build_report, commit_times, format_report, recover, steps_redone
 from pcl.tools.chaos_schedule import draw_schedule
 
@@ -22,7 +22,8 @@ def clean_run() -> tuple[list[dict], list[dict]]:
     for s in range(1, STEPS + 1):
         metrics.append({"step": s, "policy_version": s, "effective_ratio": 0.5, "batch_samples": M * N,
                         "batch_unique_samples": M * N})
-        selections.append({"step": s, "ids": [f"p{s}-{i}" for i in range(M)], "samples": [[1, 0]] * M})
+        selections.append({"step": s, "ids": [f"p{s}-{i}" for i in range(M)], "samples": [[1, 0]] * M,
+                           "versions": [[s - 1, s - 1]] * M})
     return metrics, selections
 
 
@@ -30,6 +31,38 @@ def test_a_clean_run_passes():
     metrics, selections = clean_run()
     assert check_steps(metrics, selections, STEPS).ok
     assert check_batches(metrics, selections, M, N).ok
+    assert check_versions(selections, max_staleness=0).ok
+    assert check_trackers({"pcl/effective_ratio": [1, 2, 3, 4], "timing_s/step": [1, 2, 3, 4]}, STEPS).ok
+
+
+@pytest.mark.parametrize("change, staleness, needle", [
+    (lambda s: s[2].update(versions=[[2, 2], [1, 2], [2, 2]]), 0, "step 3: samples generated outside versions 2..2: "
+                                                                  "p3-1: 1"),
+    (lambda s: s[2].update(versions=[[2, 2], [1, 2], [2, 3]]), 1, "step 3: samples generated outside versions 1..2: "
+                                                                  "p3-2: 3"),  # never a version from the future
+    (lambda s: s[0].update(versions=[[0, 0], [0, 0]]), 0, "step 1: versions not parallel"),
+    (lambda s: s[1].update(versions=[[1], [1, 1], [1, 1]]), 0, "step 2: versions not parallel"),
+    (lambda s: s[3].pop("versions"), 0, "1 selections.jsonl lines record no generating versions"),
+])
+def test_the_version_check_flags_samples_staler_than_allowed(change, staleness, needle):
+    _, selections = clean_run()
+    change(selections)
+    result = check_versions(selections, max_staleness=staleness)
+    assert result.ok is False and needle in result.detail, result.detail
+
+
+def test_samples_within_max_staleness_pass():
+    _, selections = clean_run()
+    selections[2]["versions"] = [[1, 2], [2, 2], [1, 1]]  # step 3 trains on versions 1 and 2
+    assert check_versions(selections, max_staleness=1).ok and not check_versions(selections, max_staleness=0).ok
+
+
+def test_the_tracker_check_flags_a_step_written_twice_or_never():
+    twice = check_trackers({"pcl/effective_ratio": [1, 2, 3, 3, 4], "timing_s/step": [1, 2, 3, 4]}, STEPS)
+    assert twice.ok is False and "pcl/effective_ratio: steps written twice: 3" in twice.detail
+    missing = check_trackers({"pcl/effective_ratio": [1, 2, 4]}, STEPS)
+    assert missing.ok is False and "steps never written to the tracker: 3" in missing.detail
+    assert check_trackers(None, STEPS).ok is None
 
 
 @pytest.mark.parametrize("change, needle", [
