@@ -46,7 +46,7 @@ from pcl.config import ControlConfig
 from pcl.loop.record import FIGURES
 from pcl.credentials import check_token
 from services.control.guard import DOCS_CSP, RequestGuard, dashboard_csp
-from services.control.metrics import metrics_registry
+from services.control.metrics import RunCollector, metrics_registry
 from services.control.models import Accepted, CheckpointAccepted, Event, HistoryPage, ParamsUpdate, RunStatus
 from services.control.outage import RETRY_AFTER_S, WRITE_RETRY_S, Readings, stale_header, write_retrying
 from services.control.requests import ControlRequests
@@ -254,6 +254,7 @@ def create_app(store: ControlRequests, token: str, control: ControlConfig | None
     app.state.store, app.state.token = store, token
     app.state.readings, app.state.write_retry_s = Readings(), write_retry_s
     app.state.registry = metrics_registry(store, app.state.readings)
+    _first_readings(app)
     app.state.dashboard = DASHBOARD.read_text(encoding="utf-8")
     for router in (health, reads, control_routes, pages):
         app.include_router(router)
@@ -264,6 +265,16 @@ def create_app(store: ControlRequests, token: str, control: ControlConfig | None
                        max_concurrent=control.max_concurrent_requests,
                        csp={"/": dashboard_csp(app.state.dashboard), "/docs": DOCS_CSP})
     return app
+
+
+def _first_readings(app: FastAPI) -> None:
+    """Read the status and the metrics once as the app starts (the driver has just written the run's state): a
+    Redis that goes away right after, before anyone asked, still leaves a reading to answer from."""
+    try:
+        app.state.readings.read("status", app.state.store.status)
+        RunCollector(app.state.store, app.state.readings).reading()
+    except redis.RedisError:  # no Redis now: the reads answer 503 until it is back
+        pass
 
 
 def _add_error_handlers(app: FastAPI) -> None:

@@ -77,9 +77,13 @@ class RunCollector(Collector):
     def __init__(self, store: ControlReader, readings: Readings | None = None):
         self.store, self.readings = store, readings or Readings()
 
+    def reading(self) -> tuple[tuple[dict, dict[str, float]], dict | None]:
+        """((status, totals), stale): from Redis, or while it is unreachable the last good reading."""
+        return self.readings.read("metrics", lambda: (self.store.status(), self.store.totals()))
+
     def collect(self) -> Iterator[Metric]:
         run = self.store.run
-        (status, totals), stale = self.readings.read("metrics", lambda: (self.store.status(), self.store.totals()))
+        (status, totals), stale = self.reading()
         yield _family("pcl_control_store_up", CONTROL_METRICS["pcl_control_store_up"][1],
                       [({"run": run}, 0.0 if stale else 1.0)])
         gauges = {

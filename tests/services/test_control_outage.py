@@ -82,6 +82,17 @@ def test_reads_answer_the_last_good_reading_while_redis_restarts_then_fresh_agai
     assert api.get("/readyz").status_code == 200 and store_up(api) == 1.0
 
 
+def test_a_control_plane_that_has_served_nothing_yet_answers_from_its_first_reading(plane):
+    """A resumed driver's new control plane, its Redis killed before any request came (`pcl chaos`, seed 2: six
+    503s from a fresh control plane while the keeper was not yet running)."""
+    api, handle = plane
+    restart = redis_down(api, handle, downtime_s=2.0)  # /readyz only: no read has run through the app
+    status = api.get("/v1/status")
+    assert status.status_code == 200 and status.json()["step"] == 2 and status.json()["stale"] is not None
+    assert store_up(api) == 0.0
+    restart.join(30)
+
+
 @pytest.mark.parametrize("method, path, body, event", [
     ("POST", "/v1/pause", None, "pause_requested"),
     ("PATCH", "/v1/params", {"tau": 0.3}, "params_requested"),
