@@ -155,11 +155,12 @@ def recoverable(exc: BaseException) -> bool:
     import redis
 
     from actors.learner import LearnerLost
+    from actors.ports import FleetBehind
     from services.streams.queues import QueueUnavailable
 
     kinds = (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, ray.exceptions.GetTimeoutError,
-             ray.exceptions.ActorUnavailableError, LearnerLost, QueueUnavailable, TimeoutError, ConnectionError,
-             redis.ConnectionError, redis.TimeoutError)
+             ray.exceptions.ActorUnavailableError, LearnerLost, FleetBehind, QueueUnavailable, TimeoutError,
+             ConnectionError, redis.ConnectionError, redis.TimeoutError)
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -251,9 +252,9 @@ def restart_point(cfg: Config, run_dir: Path, exc: BaseException, restarts: int)
     return checkpoint
 
 
-def release(trackers, console, fleet, control, own_ray: bool, redis) -> None:
+def release(trackers, console, fleet, control, own_ray: bool, redis, keep_redis) -> None:
     """Close what a run opened, in this order: trackers, the console sink, the fleet, the control plane, Ray
-    (when this process started it), Redis."""
+    (when this process started it), Redis, then its keeper (a server the keeper started stops with its thread)."""
     trackers.close()
     if console is not None:
         console.close()
@@ -266,6 +267,7 @@ def release(trackers, console, fleet, control, own_ray: bool, redis) -> None:
 
         ray.shutdown()
     redis.close()
+    keep_redis.stop()
 
 
 def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = None) -> int:
@@ -276,7 +278,7 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     from services.control.server import DriverControl
     from entrypoints.fleet import start_fleet
     from services.streams.rollout_client import purge_streams
-    from services.redis_server import EmbeddedRedisKeeper
+    from services.redis_keeper import EmbeddedRedisKeeper
 
     announce(cfg, prep)
     from services.tracking.trackers import Trackers
@@ -285,6 +287,8 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     trackers = Trackers.open(cfg, prep.run_dir, resume=resume is not None, checkpoint=prep.checkpoint)
     console = None if "console" in cfg.logging.backends else open(os.devnull, "w")  # noqa: SIM115
     redis = open_run_redis(cfg, prep.run_dir)
+    # Restarted if it exits, checked every second from a thread (the driver may be starting Ray or the fleet) too.
+    keep_redis = EmbeddedRedisKeeper(redis, cfg.checkpoint.max_restarts).watch()
     control, own_ray, fleet = None, False, None
     checkpoint, restarts = prep.checkpoint, 0
     snapshot = control_snapshot(checkpoint)
@@ -294,7 +298,6 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
                                 fresh=resume is None, tools_url=redis.tcp_url, snapshot=snapshot,
                                 overrides=prep.overrides)
         own_ray = start_ray()
-        keep_redis = EmbeddedRedisKeeper(redis, cfg.checkpoint.max_restarts)  # restarts it if it exits
         while True:
             keep_redis()
             purge_streams(redis.url, cfg.run.name)  # nothing in flight from an earlier attempt is collected
@@ -324,4 +327,4 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
             control.failed(exc)
         raise
     finally:
-        release(trackers, console, fleet, control, own_ray, redis)
+        release(trackers, console, fleet, control, own_ray, redis, keep_redis)

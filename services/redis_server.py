@@ -111,8 +111,9 @@ def _free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM the server when the thread that started it dies
-    (so only used from the main thread, whose end is the process's end)."""
+    """In the child before exec: ask Linux to SIGTERM the server when the thread that started it dies (so only
+    used from the main thread, whose end is the process's end, or a thread that lasts as long as the server's
+    use: EmbeddedRedisKeeper's)."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     except OSError:
@@ -177,14 +178,15 @@ class RedisHandle:
         status = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
         return status + (f"; its log {log_file} ends: {tail[-400:]}" if tail else "")
 
-    def revive(self) -> str | None:
-        """Start the embedded server again if it has exited (same port, socket and data directory; with
+    def revive(self, die_with_thread: bool | None = None) -> str | None:
+        """Start the embedded server again if it has exited (same port, socket, data directory and maxmemory; with
         appendonly on it loads every write it acknowledged, and clients reconnect); returns why it had exited,
-        or None when it was running. Raises RedisUnavailable when it does not come up."""
+        or None when it was running. Raises RedisUnavailable when it does not come up. `die_with_thread`: the
+        server is stopped when the calling thread ends (default: when called from the main thread)."""
         why = self.exit_reason()
         if why is not None:
             self._process = _spawn(self.data_dir, int(urlsplit(self.tcp_url).port), self.appendonly,
-                                   urlsplit(self.url).path)
+                                   urlsplit(self.url).path, maxmemory=self.maxmemory, die_with_thread=die_with_thread)
         return why
 
     def close(self) -> None:
@@ -224,28 +226,6 @@ class RedisHandle:
         return f"RedisHandle({masked(self.url)}, {kind})"
 
 
-class EmbeddedRedisKeeper:
-    """The driver's watch on its embedded Redis: started again in place when it exits (a full disk makes Redis
-    exit on its AOF write error; an OOM kill), at most `limit` times; clients reconnect within their backoff.
-    Called every second while the run goes, and before each start of the fleet."""
-
-    def __init__(self, handle: RedisHandle, limit: int):
-        self.handle, self.limit, self.restarts = handle, limit, 0
-
-    def __call__(self) -> None:
-        why = self.handle.exit_reason() if self.handle.embedded else None
-        if why is None:
-            return
-        if self.restarts >= self.limit:
-            raise RedisUnavailable(f"the embedded Redis exited again ({why}) after {self.restarts} restarts "
-                                   f"(checkpoint.max_restarts); on a full disk, free space under "
-                                   f"{self.handle.data_dir}, then resume")
-        self.restarts += 1
-        print(f"pcl: the embedded Redis exited ({why}); restarting it (restart {self.restarts} of {self.limit})",
-              file=sys.stderr, flush=True)
-        self.handle.revive()
-
-
 def _quote(value: str) -> str:
     """A string in redis.conf syntax (paths may hold spaces)."""
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -266,10 +246,11 @@ def default_maxmemory() -> int:
         return 4 * 2**30
 
 
-def _spawn(data_dir: Path, port: int, appendonly: bool, socket_path: str,
-           timeout_s: float = 15.0, maxmemory: int = 0) -> subprocess.Popen:
+def _spawn(data_dir: Path, port: int, appendonly: bool, socket_path: str, timeout_s: float = 15.0,
+           maxmemory: int = 0, die_with_thread: bool | None = None) -> subprocess.Popen:
     """Start redis-server on 127.0.0.1:port and socket_path with its files in data_dir; return once it
-    answers PING."""
+    answers PING. `die_with_thread`: Linux stops it when the calling thread ends (default: from the main thread,
+    whose end is the process's)."""
     conf = data_dir / "redis.conf"
     conf.write_text("\n".join([
         f"port {port}", "bind 127.0.0.1", f"unixsocket {_quote(socket_path)}", "unixsocketperm 700",
@@ -278,10 +259,11 @@ def _spawn(data_dir: Path, port: int, appendonly: bool, socket_path: str,
         f"appendonly {'yes' if appendonly else 'no'}", "appendfsync always",
         "stop-writes-on-bgsave-error no", "maxmemory-policy noeviction", f"maxmemory {int(maxmemory)}",
     ]) + "\n")
-    in_main_thread = threading.current_thread() is threading.main_thread()
+    if die_with_thread is None:
+        die_with_thread = threading.current_thread() is threading.main_thread()
     process = subprocess.Popen([str(redis_server_binary()), str(conf)], stdin=subprocess.DEVNULL,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               preexec_fn=_die_with_parent if in_main_thread else None)
+                               preexec_fn=_die_with_parent if die_with_thread else None)
     url = f"unix://{socket_path}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

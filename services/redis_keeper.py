@@ -1,0 +1,70 @@
+"""The driver's keeper of its embedded Redis (`services/redis_server.py`): the server started again in place when
+it exits, from the driver's loop and from a thread of its own."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from services.redis_server import RedisHandle, RedisUnavailable
+
+
+class EmbeddedRedisKeeper:
+    """The driver's watch on its embedded Redis: started again in place when it exits (a full disk makes Redis
+    exit on its AOF write error; an OOM kill), at most `limit` times; clients reconnect within their backoff.
+    Called every second while the run goes, and before each start of the fleet; with watch(), also from a thread
+    of its own, so that a Redis lost while the driver is busy elsewhere (starting Ray or the fleet, restarting it)
+    is back within a second, not at the driver's next poll.
+
+    keep = EmbeddedRedisKeeper(handle, limit).watch()    # ... keep() in the driver's loop ...; keep.stop()
+    """
+
+    def __init__(self, handle: RedisHandle, limit: int):
+        self.handle, self.limit, self.restarts = handle, limit, 0
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: RedisUnavailable | None = None  # the watcher's: raised at the driver's next call
+
+    def watch(self, interval_s: float = 1.0) -> "EmbeddedRedisKeeper":
+        """Check every interval_s from a daemon thread until stop(). A server that thread starts is stopped when
+        the thread ends: call stop() after the handle is closed."""
+        if self.handle.embedded and self._thread is None:
+            self._thread = threading.Thread(target=self._watch, args=(interval_s,), name="pcl-redis-keeper",
+                                            daemon=True)
+            self._thread.start()
+        return self
+
+    def _watch(self, interval_s: float) -> None:
+        while not self._stopped.wait(interval_s) and self.error is None:
+            try:
+                self._keep(die_with_thread=True)  # this thread lasts as long as the run: the server with it
+            except RedisUnavailable as exc:
+                self.error = exc
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    def __call__(self) -> None:
+        if self.error is not None:
+            raise self.error
+        self._keep(die_with_thread=None)
+
+    def _keep(self, die_with_thread: bool | None) -> None:
+        with self._lock:
+            self._revive(die_with_thread)
+
+    def _revive(self, die_with_thread: bool | None) -> None:
+        why = self.handle.exit_reason() if self.handle.embedded else None
+        if why is None:
+            return
+        if self.restarts >= self.limit:
+            raise RedisUnavailable(f"the embedded Redis exited again ({why}) after {self.restarts} restarts "
+                                   f"(checkpoint.max_restarts); on a full disk, free space under "
+                                   f"{self.handle.data_dir}, then resume")
+        self.restarts += 1
+        print(f"pcl: the embedded Redis exited ({why}); restarting it (restart {self.restarts} of {self.limit})",
+              file=sys.stderr, flush=True)
+        self.handle.revive(die_with_thread)
