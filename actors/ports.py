@@ -74,6 +74,11 @@ class ActorScorer:
         RefPending(self.scorer.load_checkpoint.remote(directory), self.timeout_s).result()
 
 
+class FleetBehind(RuntimeError):
+    """Asynchronous steps: every rollout worker that could serve the generation in flight was lost, and its policy
+    version exists nowhere else (the learner has trained past it). A restart from the last checkpoint cures it."""
+
+
 class FleetLearner:
     """The learner group, and the weights every rollout worker serves (`actors.weight_sync`: by rpc through the
     object store, or the collective broadcast of `rollout.weight_sync: collective`)."""
@@ -105,7 +110,7 @@ class FleetLearner:
         longer holds the fleet's version: such a worker waits for the next sync."""
         refs = [w.policy_version.remote() for w in self.workers]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)
-        self.unavailable = set()
+        self.unavailable, serving = set(), 0
         for index, (worker, ref) in enumerate(zip(self.workers, refs)):
             if ref not in ready:
                 self.unavailable.add(index)
@@ -115,6 +120,7 @@ class FleetLearner:
             except ray.exceptions.RayError:
                 self.unavailable.add(index)
                 continue
+            serving += version == self.policy_version or self.policy_version == 0
             if version != self.policy_version and self.policy_version == 0:
                 ray.get(worker.serve.remote(), timeout=self.timeout_s)  # version 0: its initial weights are current
             elif version != self.policy_version and self.ahead:
@@ -127,6 +133,10 @@ class FleetLearner:
                             version, self.policy_version)
                 self.sender.reload(worker, self.policy_version)
                 self.worker_reloads += 1
+        if self.ahead and not serving:
+            raise FleetBehind(f"no rollout worker serves policy version {self.policy_version} any more (restarted) "
+                              "while the learner trains ahead of it (run.max_staleness), and the learner no longer "
+                              "holds that version: the run restarts from its last checkpoint")
 
     def live_workers(self) -> int:
         """Rollout workers that answered the last fleet check (all of them before the first): a step's requests
