@@ -40,7 +40,8 @@ class ExperimentConfig(BaseModel):
                                           "is timed; or give target_gain.")
     target_gain: float | None = Field(None, gt=0, le=1, description="Timed instead: first reaching the run's own "
                                       "step-0 held-out accuracy plus this (seeds start from different accuracies).")
-    reference_n_pre: int = Field(8, ge=1, description="Rollouts per training prompt for the reference pass rates.")
+    reference_n_pre: int = Field(8, ge=0, description="Rollouts per training prompt for the reference pass rates "
+                                 "(0: none measured beforehand; a prefilter arm then measures its own).")
     runs_dir: str | None = Field(None, description="Where the runs go; runs/experiments/{name} when unset.")
     output: str | None = Field(None, description="The report; docs/results/{name}.md when unset (plots beside it).")
 
@@ -102,8 +103,9 @@ def run_experiment(path: str | Path) -> int:
                     continue
                 shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted run starts over
                 run_dir.mkdir(parents=True)
-                reference = reference or reference_cache(exp, configs[(arm, seed)], seed)
-                shutil.copy(reference, run_dir / reference.name.split("@")[0])
+                if exp.reference_n_pre:  # 0: no arm filters on them, and none reports its prompts' difficulty
+                    reference = reference or reference_cache(exp, configs[(arm, seed)], seed)
+                    shutil.copy(reference, run_dir / reference.name.split("@")[0])
                 print(f"pcl experiment: run {finished_runs(exp) + 1}/{len(configs)}: {arm}, seed {seed} "
                       f"({time.perf_counter() - started:.0f}s in)", flush=True)
                 try:  # one failed run must not cost the hour: it is recorded, and the others go on

@@ -70,7 +70,18 @@ def run_figures(records: list[StepRecord | dict], target: float, gain: bool = Fa
         "generation_seconds": _mean([r.generation_seconds for r in steps]),
         "selection_seconds": _mean([r.selection_seconds for r in steps]),
         "samples_per_step": _mean([r.samples_generated for r in steps]),
+        "steps_per_second": len(steps) / seconds if steps and (seconds := training_seconds(steps[-1])) else None,
+        "step_seconds_median": _median([r.step_seconds for r in steps[2:]]),  # steps 3 on: the first ones warm up
+        "value_explained_variance": _mean([r.value_explained_variance for r in steps[len(steps) // 2:]]),
+        "batch_staleness": _mean([r.batch_staleness for r in steps]),
+        "learner_wait_seconds": _mean([r.learner_wait_seconds for r in steps]),
+        "fleet_wait_seconds": _mean([r.fleet_wait_seconds for r in steps]),
     }
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
 
 
 def _se(values: list) -> float | None:
@@ -91,7 +102,7 @@ def arm_figures(runs: list[dict]) -> dict:
     out = {key: _mean([r[key] for r in runs]) for key in runs[0] if key != "time_to_target"}
     reached = [r["time_to_target"] for r in runs if r["time_to_target"] is not None]
     out["time_to_target"], out["time_to_target_se"] = _mean(reached), _se(reached)
-    for key in ("accuracy_best", "gain_best"):
+    for key in ("accuracy_best", "gain_best", "steps_per_second"):
         out[f"{key}_se"] = _se([r.get(key) for r in runs])
     out["reached"] = f"{len(reached)}/{len(runs)}"
     return out
@@ -107,15 +118,18 @@ def _cell(value, fmt: str) -> str:
 
 def table(figures: dict[str, dict], target: str) -> str:
     head = ("| strategy | seeds reaching target | best held-out accuracy | best gain (points) | time to " + target +
-            " (s) | mean effective ratio | generation s/step | selection s/step | samples generated / step | steps |")
-    lines = [head, "|" + "---|" * 10]
+            " (s) | mean effective ratio | generation s/step | selection s/step | samples generated / step | steps |"
+            " steps / s | median s/step (step 3 on) | V's EV (second half) |")
+    lines = [head, "|" + "---|" * 13]
     for arm, f in figures.items():
         lines.append(f"| {arm} | {f['reached']} | {_with_se(f['accuracy_best'], f['accuracy_best_se'], '.3f')} | "
                      f"{_with_se(f['gain_best'], f['gain_best_se'], '+.1f')} | "
                      f"{_with_se(f['time_to_target'], f['time_to_target_se'], '.0f')} | "
                      f"{_cell(f['effective_ratio'], '.3f')} | "
                      f"{_cell(f['generation_seconds'], '.2f')} | {_cell(f['selection_seconds'], '.3f')} | "
-                     f"{_cell(f['samples_per_step'], '.0f')} | {_cell(f['steps'], '.0f')} |")
+                     f"{_cell(f['samples_per_step'], '.0f')} | {_cell(f['steps'], '.0f')} | "
+                     f"{_with_se(f['steps_per_second'], f['steps_per_second_se'], '.3f')} | "
+                     f"{_cell(f['step_seconds_median'], '.2f')} | {_cell(f['value_explained_variance'], '.2f')} |")
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ def records(accuracies: list[tuple[float, float]], ratios: list[float]) -> list[
     out = [{"step": 0, "eval_accuracy": accuracies[0][1]}]
     for i, ratio in enumerate(ratios, start=1):
         out.append({"step": i, "effective_ratio": ratio, "generation_seconds": 1.0 * i, "selection_seconds": 0.1,
-                    "samples_generated": 32, "elapsed_seconds": 10.0 * i})
+                    "samples_generated": 32, "elapsed_seconds": 10.0 * i, "step_seconds": 9.0 + i})
     for elapsed, accuracy in accuracies[1:]:
         out[int(elapsed // 10)]["eval_accuracy"] = accuracy
     return out
@@ -29,7 +29,9 @@ def test_run_and_arm_figures():
     assert a == {"steps": 3, "accuracy_start": 0.40, "accuracy_best": 0.52, "gain_best": pytest.approx(12.0),
                  "time_to_target": 20.0,
                  "effective_ratio": pytest.approx(0.7), "generation_seconds": 2.0, "selection_seconds": pytest.approx(0.1),
-                 "samples_per_step": 32}
+                 "samples_per_step": 32, "steps_per_second": pytest.approx(0.1), "step_seconds_median": 12.0,
+                 "value_explained_variance": None, "batch_staleness": None, "learner_wait_seconds": None,
+                 "fleet_wait_seconds": None}
     b = run_figures(records([(0, 0.40), (10, 0.44)], [0.3]), target=0.5)
     assert b["time_to_target"] is None and b["accuracy_best"] == 0.44
     gained = run_figures(records([(0, 0.40), (10, 0.45), (20, 0.52)], [0.5, 0.7]), target=0.05, gain=True)
@@ -99,8 +101,8 @@ def test_two_arms_run_and_the_report_has_its_table_and_plots(tiny_model, ray_ses
     report = (tmp_path / "docs" / "mini.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith("| uniform |") or line.startswith("| pcl |")]
     header = next(line for line in report.splitlines() if line.startswith("| strategy |"))
-    assert len(header.split("|")) == 12  # 10 columns: the best gain in points is one of them
-    assert len(rows) == 2 and all(len(row.split("|")) == 12 for row in rows)
+    assert len(header.split("|")) == 15  # 13 columns: the best gain in points and steps per second among them
+    assert len(rows) == 2 and all(len(row.split("|")) == 15 for row in rows)
     for stem in ("accuracy-vs-time", "effective-ratio", "value-ev", "reference-difficulty"):
         png = tmp_path / "docs" / "mini" / f"{stem}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"(mini/{stem}.png)" in report
