@@ -133,7 +133,7 @@ class FleetLearner:
                             version, self.policy_version)
                 self.sender.reload(worker, self.policy_version)
                 self.worker_reloads += 1
-        if self.ahead and not serving:
+        if self.ahead and not serving and not self.unavailable:  # every worker answered, none holds the version
             raise FleetBehind(f"no rollout worker serves policy version {self.policy_version} any more (restarted) "
                               "while the learner trains ahead of it (run.max_staleness), and the learner no longer "
                               "holds that version: the run restarts from its last checkpoint")

@@ -28,3 +28,40 @@ def test_each_implementation_has_the_ports_methods_and_parameters(port, implemen
         wanted = list(inspect.signature(getattr(port, name)).parameters)
         given = list(inspect.signature(getattr(implementation, name)).parameters)
         assert given[:len(wanted)] == wanted, f"{implementation.__name__}.{name}{given} is not the port's {wanted}"
+
+
+@pytest.mark.ray
+def test_a_restarted_rollout_worker_waits_for_the_next_sync_while_the_learner_trains_ahead(ray_session):
+    """Asynchronous steps: the learner's weights are no longer the fleet's version while it trains ahead, so a
+    restarted worker is not given them; with no worker left serving that version the run must restart."""
+    from types import SimpleNamespace
+
+    import ray
+
+    from actors.ports import FleetBehind
+
+    @ray.remote(num_cpus=0)
+    class StubWorker:
+        def __init__(self, version: int):
+            self.version = version
+
+        def policy_version(self) -> int:
+            return self.version
+
+        def serve(self) -> None:
+            pass
+
+    reloads: list[int] = []
+    fleet = FleetLearner.__new__(FleetLearner)  # no learner group: only the fleet check runs
+    fleet.workers, fleet.policy_version, fleet.worker_reloads, fleet.timeout_s = [
+        StubWorker.remote(3), StubWorker.remote(-1)], 3, 0, 30.0
+    fleet.sender = SimpleNamespace(reload=lambda worker, version: reloads.append(version))
+    fleet.ahead = True
+    fleet.check_fleet()
+    assert reloads == [] and fleet.worker_reloads == 0  # the other worker serves version 3 meanwhile
+    fleet.ahead = False  # synced: the learner's weights are the fleet's version again
+    fleet.check_fleet()
+    assert reloads == [3] and fleet.worker_reloads == 1
+    fleet.workers, fleet.ahead = [StubWorker.remote(-1)], True
+    with pytest.raises(FleetBehind, match="no rollout worker serves policy version 3"):
+        fleet.check_fleet()
