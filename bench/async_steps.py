@@ -3,7 +3,7 @@ each reaches, on the embedded default: `configs/experiments/async-steps.yaml` (P
 synchronous and one step ahead on the same placement, and PCL as configs/tiny-carry.yaml ships it; 3 seeds, the same
 training budget).
 
-    python -m bench.async_steps                     # runs the experiment (~35 min on 2 cores), then the figures
+    python -m bench.async_steps                     # runs the experiment (~40 min on 2 cores), then the figures
     python -m bench.async_steps --budget 30 --seeds 0   # a quick look
     python -m bench.async_steps --report-only       # the figures of the runs already there
 
@@ -44,6 +44,8 @@ def run_figures(run_dir: Path) -> dict | None:
     mean = lambda key: statistics.fmean([r[key] for r in steps if r.get(key) is not None] or [math.nan])  # noqa: E731
     return {"steps": len(steps), "steps_per_second": len(steps) / steps[-1]["train_elapsed_seconds"],
             "step_median": statistics.median(r["step_seconds"] for r in steps[2:] or steps),
+            "outside_train_median": statistics.median(r["step_seconds"] - r["train_seconds"] for r in steps[2:] or steps),
+            "train_median": statistics.median(r["train_seconds"] for r in steps[2:] or steps),
             "generation": mean("generation_seconds"), "train": mean("train_seconds"),
             "learner_wait": mean("learner_wait_seconds"), "fleet_wait": mean("fleet_wait_seconds"),
             "staleness": mean("batch_staleness"), "importance_ratio_max": mean("importance_ratio_max")}
@@ -74,7 +76,16 @@ def report(figures: dict[str, dict]) -> dict[str, float]:
               f"{f['learner_wait'][0]:.2f} | {f['fleet_wait'][0]:.2f} | {f['staleness'][0]:.2f} |")
     ratios = {f"{a} / {b}": figures[a]["steps_per_second"][0] / figures[b]["steps_per_second"][0]
               for a, b in PAIRS if a in figures and b in figures}
-    print("steps per second, " + "; ".join(f"{name}: x{r:.2f}" for name, r in ratios.items()))
+    pcl, uniform = figures.get("pcl-shipped"), figures.get("uniform-shipped")
+    if pcl and uniform:  # PCL's own overhead: its step with uniform's policy step in place of its own
+        step = pcl["step_median"][0] / uniform["step_median"][0]
+        overhead = (pcl["outside_train_median"][0] + uniform["train_median"][0]) / uniform["step_median"][0]
+        ratios.update({"pcl step / uniform step (shipped)": step, "pcl overhead / uniform step (shipped)": overhead})
+        print(f"median step from step 3 on (shipped config): PCL {pcl['step_median'][0]:.2f} s, uniform "
+              f"{uniform['step_median'][0]:.2f} s: x{step:.3f}; with uniform's policy step in place of PCL's "
+              f"(the learner's extra work left out): x{overhead:.3f}")
+    print("steps per second, " + "; ".join(f"{a} / {b}: x{ratios[f'{a} / {b}']:.2f}" for a, b in PAIRS
+                                           if f"{a} / {b}" in ratios))
     return ratios
 
 
