@@ -158,6 +158,7 @@ def test_dashboard_page_is_self_contained(api):
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     page = r.text
     assert "/v1/status" in page and "/v1/history" in page and "/v1/pause" in page
+    assert "s.stale ?" in page  # a status read while Redis is unreachable is shown as such
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # no CDN, no external asset
     assert "<script src" not in page and "@import" not in page
 
