@@ -7,8 +7,8 @@ Nothing is kept in the serving process: gauges come from the status the coordina
 histograms from the run's totals hash (accumulated by the coordinator, step by step), queue depths from the
 streams themselves. So a control plane started late, or restarted, serves the same numbers, and counters never
 go back. While Redis is unreachable a scrape is the last good reading, with `pcl_control_store_up` 0 (a
-scrape with no reading yet fails: 503). Every series carries the label `run`; `pcl_queue_depth` also `stream` (one of three names), a dict-valued
-figure its own label (e.g. `worker`). Every figure of the step record (`pcl.loop.record.StepRecord`) is a series:
+scrape with no reading yet fails: 503). Every series carries the label `run`; `pcl_queue_depth` also `stream` (one
+of three names), a dict-valued figure its own label (e.g. `worker`). Every figure of the step record (`pcl.loop.record.StepRecord`) is a series:
 its `kind` says which (a gauge of the last step, a counter, a histogram).
 """
 
