@@ -12,8 +12,8 @@ when). Mutations are requests: the coordinator applies them at the next step bou
 
 While Redis is unreachable (services/control/outage.py) the reads of the run's state (/v1/status, /v1/history,
 /v1/events, /metrics) answer from their last good reading, marked stale (a `stale` field, a `PCL-Stale` header,
-pcl_control_store_up 0), or 503 with Retry-After when they have none yet; a mutation waits up to write_retry_s
-for Redis, then is refused with 503 and Retry-After: either recorded or refused, never half-done. /readyz is 503.
+pcl_control_store_up 0); a read with no reading yet, and a mutation, wait up to redis_wait_s for Redis, then are
+refused with 503 and Retry-After: a mutation is either recorded or refused, never half-done. /readyz is 503.
 
     GET  /v1/status        step, policy version, paused, tau, k, last step's metrics, queue depths, health
     GET  /v1/history       per-step records for plots (?after=STEP&limit=N, N <= HISTORY_PAGE)
@@ -48,7 +48,7 @@ from pcl.credentials import check_token
 from services.control.guard import DOCS_CSP, RequestGuard, dashboard_csp
 from services.control.metrics import RunCollector, metrics_registry
 from services.control.models import Accepted, CheckpointAccepted, Event, HistoryPage, ParamsUpdate, RunStatus
-from services.control.outage import RETRY_AFTER_S, WRITE_RETRY_S, Readings, stale_header, write_retrying
+from services.control.outage import REDIS_WAIT_S, RETRY_AFTER_S, Readings, retrying, stale_header
 from services.control.requests import ControlRequests
 from services.control.state import ControlConflict, ControlValueError
 
@@ -87,9 +87,9 @@ def read_fresh_or_stale(request: Request, response: Response) -> Callable:
 
 
 def write_retried(request: Request) -> Callable:
-    """write(fn, *args, **kwargs): fn's Redis write, tried again for up to the app's write_retry_s while Redis is
+    """write(fn, *args, **kwargs): fn's Redis write, tried again for up to the app's redis_wait_s while Redis is
     unreachable or full."""
-    return lambda fn, *args, **kwargs: write_retrying(lambda: fn(*args, **kwargs), request.app.state.write_retry_s)
+    return lambda fn, *args, **kwargs: retrying(lambda: fn(*args, **kwargs), request.app.state.redis_wait_s)
 
 
 Store = Annotated[ControlRequests, Depends(get_store)]
@@ -243,16 +243,16 @@ def dashboard(request: Request) -> HTMLResponse:
 
 
 def create_app(store: ControlRequests, token: str, control: ControlConfig | None = None,
-               write_retry_s: float = WRITE_RETRY_S) -> FastAPI:
+               redis_wait_s: float = REDIS_WAIT_S) -> FastAPI:
     """The control plane of `store`'s run; mutations need `token`. `control` sets the guard's limits, the
-    trusted hosts and /docs (ControlConfig's defaults when None); a mutation waits up to `write_retry_s` for an
-    unreachable or full Redis."""
+    trusted hosts and /docs (ControlConfig's defaults when None); a mutation waits up to `redis_wait_s` for an
+    unreachable or full Redis, a read with no last good reading for an unreachable one."""
     control = control or ControlConfig()
     check_token(token, "the API token")  # ValueError for a short or placeholder token
     app = FastAPI(title="PCL control plane", version="1", summary=f"Steer and watch PCL run {store.run!r}.",
                   docs_url="/docs" if control.docs else None, redoc_url=None)
     app.state.store, app.state.token = store, token
-    app.state.readings, app.state.write_retry_s = Readings(), write_retry_s
+    app.state.readings, app.state.redis_wait_s = Readings(wait_s=redis_wait_s), redis_wait_s
     app.state.registry = metrics_registry(store, app.state.readings)
     _first_readings(app)
     app.state.dashboard = DASHBOARD.read_text(encoding="utf-8")
@@ -271,9 +271,9 @@ def _first_readings(app: FastAPI) -> None:
     """Read the status and the metrics once as the app starts (the driver has just written the run's state): a
     Redis that goes away right after, before anyone asked, still leaves a reading to answer from."""
     try:
-        app.state.readings.read("status", app.state.store.status)
-        RunCollector(app.state.store, app.state.readings).reading()
-    except redis.RedisError:  # no Redis now: the reads answer 503 until it is back
+        app.state.readings.read("status", app.state.store.status, wait_s=0)
+        RunCollector(app.state.store, app.state.readings).reading(wait_s=0)
+    except redis.RedisError:  # no Redis now: the first reads wait for it
         pass
 
 

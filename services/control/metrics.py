@@ -77,9 +77,9 @@ class RunCollector(Collector):
     def __init__(self, store: ControlReader, readings: Readings | None = None):
         self.store, self.readings = store, readings or Readings()
 
-    def reading(self) -> tuple[tuple[dict, dict[str, float]], dict | None]:
-        """((status, totals), stale): from Redis, or while it is unreachable the last good reading."""
-        return self.readings.read("metrics", lambda: (self.store.status(), self.store.totals()))
+    def reading(self, wait_s: float | None = None) -> tuple[tuple[dict, dict[str, float]], dict | None]:
+        """((status, totals), stale): from Redis, or while it is unreachable the last good reading (`Readings`)."""
+        return self.readings.read("metrics", lambda: (self.store.status(), self.store.totals()), wait_s)
 
     def collect(self) -> Iterator[Metric]:
         run = self.store.run

@@ -144,7 +144,7 @@ def test_health_docs_and_no_secret_anywhere(api, running):
 
 def test_readyz_is_503_when_redis_is_gone():
     dead = ControlStore(make_client("redis://127.0.0.1:1/0", decode_responses=True), "nowhere")
-    server = ControlServer(create_app(dead, TOKEN), "127.0.0.1", 0).start()
+    server = ControlServer(create_app(dead, TOKEN, redis_wait_s=0.2), "127.0.0.1", 0).start()
     try:
         assert httpx.get(f"{server.url}/livez").status_code == 200
         assert httpx.get(f"{server.url}/readyz").status_code == 503

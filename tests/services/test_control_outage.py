@@ -18,7 +18,7 @@ from services.control.outage import Readings
 from services.control.run import RunControl
 from services.control.server import ControlServer
 from services.control.store import ControlStore
-from services.redis_server import make_client
+from services.redis_server import make_client, ping
 from tests.services.control_fixtures import AUTH, TOKEN, step_record
 
 pytestmark = pytest.mark.redis
@@ -111,9 +111,26 @@ def test_a_mutation_while_redis_restarts_waits_for_it_and_lands(plane, method, p
     assert status["checkpoint"]["pending"] if event == "checkpoint_requested" else True
 
 
+def test_a_control_plane_started_while_redis_is_down_waits_for_it_to_read(plane):
+    """A resumed driver's control plane started in the second its Redis was down (`pcl chaos`, seed 2: one 503):
+    with no reading to answer from, a read waits for Redis (the keeper brings it back within a second)."""
+    api, handle = plane
+    restart = redis_down(api, handle, downtime_s=2.0)
+    store = ControlStore(make_client(handle.url, decode_responses=True), "outage")
+    assert not ping(handle.url)
+    server = ControlServer(create_app(store, TOKEN), "127.0.0.1", 0).start()  # no first reading: Redis is down
+    try:
+        status = httpx.get(f"{server.url}/v1/status", timeout=30)
+        assert status.status_code == 200 and status.json()["step"] == 2 and status.json()["stale"] is None
+    finally:
+        server.stop()
+        store.client.close()
+        restart.join(30)
+
+
 def test_no_reading_yet_and_a_write_not_recorded_in_time_are_503_with_retry_after():
     dead = ControlStore(make_client("redis://127.0.0.1:1/0", decode_responses=True), "nowhere")
-    server = ControlServer(create_app(dead, TOKEN, write_retry_s=0.5), "127.0.0.1", 0).start()
+    server = ControlServer(create_app(dead, TOKEN, redis_wait_s=0.5), "127.0.0.1", 0).start()
     try:
         for path in READS:
             answer = httpx.get(f"{server.url}{path}")
@@ -121,7 +138,7 @@ def test_no_reading_yet_and_a_write_not_recorded_in_time_are_503_with_retry_afte
         started = time.monotonic()
         answer = httpx.post(f"{server.url}/v1/pause", headers=AUTH, timeout=30)
         assert answer.status_code == 503 and answer.headers["retry-after"] == "2"
-        assert 0.5 <= time.monotonic() - started < 10  # tried again for write_retry_s, then refused
+        assert 0.5 <= time.monotonic() - started < 10  # tried again for redis_wait_s, then refused
     finally:
         server.stop()
 

@@ -135,7 +135,7 @@ def test_a_rule_of_the_run_state_is_a_documented_409(api, running, spec):
 
 def test_every_status_redis_being_down_gives_is_documented(spec):
     dead = ControlStore(make_client("redis://127.0.0.1:1/0", decode_responses=True), "nowhere")
-    server = ControlServer(create_app(dead, TOKEN, write_retry_s=0.2), "127.0.0.1", 0).start()  # mutations wait 0.2 s
+    server = ControlServer(create_app(dead, TOKEN, redis_wait_s=0.2), "127.0.0.1", 0).start()  # requests wait 0.2 s
     try:
         for path, item in spec["paths"].items():
             for method, op in item.items():
