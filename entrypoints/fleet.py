@@ -19,6 +19,7 @@ import ray
 from actors.handles import FleetHandles
 from pcl.config import Config, ConfigError
 from pcl.tools.placement import RoleGroup, placement_plan
+from services.redis_keeper import wait_while_full
 from services.streams.rollout_client import publish_answers
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ def _start_actors(cfg: Config, prep, redis_url: str, placement: Placement):
             cfg.value, prep.value_path, "cuda" if gpus > 0 else "cpu", seed,
             checkpoints=str(prep.run_dir / "checkpoints"), num_gpus=gpus, timeout_s=cfg.learner.timeout_s,
             placement=placement.groups["value"])
-    publish_answers(redis_url, run, prep.answers)
+    wait_while_full(lambda: publish_answers(redis_url, run, prep.answers), "the gold answers")  # one transaction
     h.verifiers = [RewardVerifier.options(resources=cfg.verifier.resources or None).remote(
         cfg.verifier, cfg.redis, cfg.run, redis_url, i) for i in range(cfg.verifier.num_workers)]
     h.rollout_workers = [

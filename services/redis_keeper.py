@@ -1,12 +1,38 @@
-"""The driver's keeper of its embedded Redis (`services/redis_server.py`): the server started again in place when
-it exits, from the driver's loop and from a thread of its own."""
+"""The driver's care of its Redis (`services/redis_server.py`): the embedded server started again in place when it
+exits, from the driver's loop and from a thread of its own (`EmbeddedRedisKeeper`), and the driver's own writes
+waiting while Redis is full, as the workers' do (`wait_while_full`)."""
 
 from __future__ import annotations
 
 import sys
 import threading
+import time
+from typing import Callable, TypeVar
+
+import redis
 
 from services.redis_server import RedisHandle, RedisUnavailable
+
+FULL_WAIT_S = 600.0  # how long the driver's writes wait for a full Redis (the workers': queues.FULL_TIMEOUT_S)
+T = TypeVar("T")
+
+
+def wait_while_full(write: Callable[[], T], what: str, timeout_s: float = FULL_WAIT_S, poll_s: float = 0.25) -> T:
+    """write(), tried again while Redis refuses it for its maxmemory (the run's trimming, or an operator, frees
+    memory; the workers wait the same way: services.streams.queues), said once on stderr; after timeout_s, the
+    OutOfMemoryError. `write` must be safe to repeat (a refused transaction writes nothing)."""
+    deadline, said = time.monotonic() + timeout_s, False
+    while True:
+        try:
+            return write()
+        except redis.OutOfMemoryError:
+            if time.monotonic() >= deadline:
+                raise
+            if not said:
+                print(f"pcl: {what}: Redis is full (maxmemory reached); waiting for memory, for up to "
+                      f"{timeout_s:.0f} s", file=sys.stderr, flush=True)
+                said = True
+            time.sleep(poll_s)
 
 
 class EmbeddedRedisKeeper:

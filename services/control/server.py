@@ -136,20 +136,12 @@ class DriverControl:
     ):
         """`overrides`: the tunable selection settings a resumed run's config overrides (pcl.loop.resume): they
         replace what the control plane asked for before, loudly."""
+        from services.redis_keeper import wait_while_full
         from services.redis_server import make_client, masked
 
         self.store = ControlStore(make_client(redis_url, decode_responses=True), cfg.run.name,
                                   depth_cache_s=cfg.control.depth_cache_s)
-        if fresh:
-            self.store.reset()
-        else:  # resumed: the state in Redis stands; a checkpoint's snapshot fills in for a Redis without it
-            if snapshot:
-                self.store.restore(snapshot)
-            self.store.reopen()
-            for key, old in self.store.override_params(overrides or {}, "driver").items():
-                print(f"pcl: control: selection.{key}={overrides[key]!r} given with --resume replaces {key}={old} "
-                      f"asked for through the control plane", flush=True)
-        self.store.set_k_max(k_max)
+        wait_while_full(lambda: self._prepare(k_max, fresh, snapshot, overrides or {}), "the control state")
         self.server = serve(cfg.control, self.store) if cfg.control.enabled else None
         info = {
             "run": cfg.run.name,
@@ -157,6 +149,20 @@ class DriverControl:
             "redis_url": masked(tools_url or redis_url),
         }
         (Path(run_dir) / "control.json").write_text(json.dumps(info, indent=2) + "\n")
+
+    def _prepare(self, k_max: int, fresh: bool, snapshot: dict | None, overrides: dict) -> None:
+        """The run's control state: reset for a fresh run; a resumed one's kept (a checkpoint's snapshot fills in
+        for a Redis without it), reopened, with the config's overrides. Safe to repeat."""
+        if fresh:
+            self.store.reset()
+        else:
+            if snapshot:
+                self.store.restore(snapshot)
+            self.store.reopen()
+            for key, old in self.store.override_params(overrides, "driver").items():
+                print(f"pcl: control: selection.{key}={overrides[key]!r} given with --resume replaces {key}={old} "
+                      f"asked for through the control plane", flush=True)
+        self.store.set_k_max(k_max)
 
     def failed(self, exc: BaseException) -> None:
         """The run stopped on an error (or an interrupt): say so in the status the control plane serves."""

@@ -163,3 +163,30 @@ def test_the_embedded_server_has_a_maxmemory_and_keeps_it_across_restarts(tmp_pa
         assert small.client().config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
         small.restart()
         assert small.client().config_get("maxmemory") == {"maxmemory": str(64 * 2**20)}
+
+
+def test_the_drivers_own_writes_wait_while_redis_is_full(handle, client, tmp_path):
+    """`pcl chaos`, seed 7: Redis held full while the fleet started again after a restart; publishing the gold
+    answers got OutOfMemoryError and ended the driver. The driver's writes (the answers, its control state) wait for
+    memory as the workers' do."""
+    from pcl.config import load_config
+    from services.control.server import DriverControl
+    from services.redis_keeper import wait_while_full
+    from services.streams.rollout_client import answers_key, publish_answers
+
+    cfg = load_config("configs/tiny.yaml", ["control.enabled=false", "run.name=full-driver"])
+    fill(client)
+    with pytest.raises(redis.OutOfMemoryError):  # what the driver met
+        publish_answers(handle.url, "full-driver", {"p1": "42"})
+    threading.Timer(1.0, free, args=(client,)).start()
+    started = time.monotonic()
+    wait_while_full(lambda: publish_answers(handle.url, "full-driver", {"p1": "42"}), "the gold answers", 60)
+    assert client.hget(answers_key("full-driver"), "p1") == b'"42"' and time.monotonic() - started >= 0.5
+    client.config_set("maxmemory", 0)
+    fill(client)
+    threading.Timer(1.0, free, args=(client,)).start()
+    control = DriverControl(cfg, handle.url, tmp_path, k_max=7, fresh=False)  # a resumed driver's start
+    try:
+        assert control.store.desired().k_max == 7
+    finally:
+        control.close()
