@@ -37,12 +37,13 @@ class TrainingRun:
         self.checkpoints = Checkpoints(cfg, run_dir, loop, self.clock, control, state_bytes, keep_files)
         self.log = MetricsLog(run_dir)
         self.selections = MetricsLog(run_dir, SELECTIONS_FILE)
+        self.restored = False  # continued from a checkpoint (`restore`)
 
     def run(self) -> dict[str, Any]:
         """Train from the current step to the end; returns a summary."""
         cfg, loop = self.cfg, self.loop
         self.clock.start()
-        if loop.state.step == 0 and self.evaluation.held_out_due(0):
+        if loop.state.step == 0 and self.evaluation.held_out_due(0) and not self.restored:  # restored: done
             with self.clock.excluded():
                 first = StepRecord(step=0, policy_version=loop.policy_version)
                 first.update(self.evaluation.held_out(0, loop.policy_version))
@@ -87,6 +88,7 @@ class TrainingRun:
         """Continue where `checkpoint` left off (`Checkpoints.restore`); the metrics and selections of later
         steps (from the run that went on past it) are dropped from the run directory."""
         self.checkpoints.restore(checkpoint)
+        self.restored = True  # a checkpoint at step 0 is written after the step-0 evaluation
         step = self.loop.state.step
         self.log.truncate_after(step)
         self.selections.truncate_after(step)

@@ -4,6 +4,7 @@ evaluations, and continuing from a state dict or a checkpoint."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -141,3 +142,24 @@ def test_the_suite_is_evaluated_on_schedule_and_the_best_checkpoint_is_kept(tmp_
     assert (tmp_path / "checkpoints" / "step-000003").is_dir()  # the last one, beside the best despite keep=1
     suite_seconds = sum(c["samples"] for c in suite_calls) * SECONDS_PER_SAMPLE
     assert steps[-1]["elapsed_seconds"] - steps[-1]["train_elapsed_seconds"] == pytest.approx(suite_seconds)
+
+
+def test_a_run_restored_from_a_checkpoint_at_step_0_does_not_evaluate_step_0_again(tmp_path):
+    """A checkpoint asked for before step 1 is written after the step-0 evaluation: the restored run keeps that
+    evaluation's line and goes on from there, writing what the run that went on wrote (pcl chaos, seeds 2 and 7:
+    the evaluation was taken again, written twice, and the deterministic run's weights differed)."""
+    cfg = config(PCL, run={"steps": 3, "eval_every": 1})
+    straight = FakeFleet(tmp_path / "straight", cfg, plan={0: {"checkpoint": "req-0"}}, held_out=8)
+    straight.run.run()
+    checkpoint = tmp_path / "straight" / "checkpoints" / "step-000000"
+    assert checkpoint.is_dir()
+    resumed = FakeFleet(tmp_path / "resumed", cfg, held_out=8)
+    (tmp_path / "resumed").mkdir(parents=True, exist_ok=True)
+    shutil.copy(tmp_path / "straight" / "metrics.jsonl", tmp_path / "resumed" / "metrics.jsonl")
+    resumed.run.restore(str(checkpoint))
+    calls = len(resumed.rollouts.calls)
+    resumed.run.run()
+    lines = read_metrics(tmp_path / "resumed" / "metrics.jsonl")
+    assert [r["step"] for r in lines] == [0, 1, 2, 3]  # one step-0 evaluation
+    assert resumed.rollouts.calls[calls]["tag"] == ""  # the first generation is step 1's batch, not an evaluation
+    assert steps_of(tmp_path / "resumed") == steps_of(tmp_path / "straight")
