@@ -207,4 +207,6 @@ def _sample(d: dict[str, Any]) -> Sample:
     from pcl.loop.batch import Sample  # imports torch: only on a resume that carries samples
 
     return Sample(str(d["prompt_id"]), int(d["sample_index"]), tuple(int(i) for i in d["prompt_token_ids"]),
-                  tuple(int(i) for i in d["response_token_ids"]), float(d["reward"]), str(d["finish_reason"]))
+                  tuple(int(i) for i in d["response_token_ids"]), float(d["reward"]), str(d["finish_reason"]),
+                  None if d.get("response_logprobs") is None else tuple(float(x) for x in d["response_logprobs"]),
+                  int(d.get("policy_version", -1)))

@@ -308,6 +308,16 @@ def test_speed_carried_buffer_and_samples_survive_a_checkpoint_exactly():
     assert first.carried_samples() == second.carried_samples()
 
 
+def test_speed_carried_samples_keep_their_version_and_log_probs_through_a_checkpoint():
+    """The carried screening samples of a resumed run still say which policy generated them (selections.jsonl's
+    versions) and carry the engine's log-probs (the off-policy correction needs them)."""
+    strategy = SpeedStrategy(8, 8, k=2, n_init=4, max_rounds=4, carry_over=True)
+    strategy.buffer_samples = [Sample("p1", 2, (5, 6), (7, 8), 1.0, "stop", (-0.25, -1.5), 3)]
+    resumed = SpeedStrategy(8, 8, k=2, n_init=4, max_rounds=4, carry_over=True)
+    resumed.load_state_dict(json.loads(json.dumps(strategy.state_dict())))
+    assert resumed.buffer_samples == strategy.buffer_samples
+
+
 def test_speed_on_policy_drops_the_accepted_leftover_at_the_end_of_the_step():
     world = World(rates_cycle(400, [0.5]))
     strategy = make_strategy(SpeedSelection(carry_over=False), 8, n=8)
