@@ -52,6 +52,9 @@ def run_figures(run_dir: Path) -> dict | None:
 
 
 def _mean_se(values: list[float]) -> tuple[float, float | None]:
+    values = [v for v in values if not math.isnan(v)]  # a figure the run did not record (waits, when synchronous)
+    if not values:
+        return math.nan, None
     return statistics.fmean(values), (statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None)
 
 
