@@ -8,7 +8,7 @@ The loop's view of a strategy (`StepStrategy`) and the base class are in `pcl.st
 strategy (docs/strategies.md lists them). The registry, `STRATEGIES` (selection.type -> class), is derived from
 the config's `Selection` union: each section in the union has exactly one strategy class in this package whose
 `config` is that section, and its name is the section's `type`. A new strategy is its module here and its
-section in the union (`pcl/config_schema.py`); nothing else names it.
+section in the union (`pcl/config_selection.py`); nothing else names it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import importlib
 import pkgutil
 from typing import Any, get_args
 
-from pcl.config_schema import Selection
+from pcl.config_selection import Selection
 from pcl.strategies.base import Needs, Request, Rollout, StepStrategy, Strategy, Tunable
 
 __all__ = ["Needs", "Request", "Rollout", "StepStrategy", "Strategy", "Tunable", "STRATEGIES", "strategy_class",
@@ -48,7 +48,7 @@ def strategy_registry(union: Any = Selection) -> dict[str, type[Strategy]]:
         raise TypeError(f"{', '.join(missing)}: no strategy class in pcl/strategies/ has it as its `config`")
     orphans = [f"{cls.__name__}'s config {cls.config.__name__}" for cls in classes if cls.config not in sections]
     if orphans:
-        raise TypeError(f"{'; '.join(orphans)} is not in the selection union (pcl/config_schema.py, Selection)")
+        raise TypeError(f"{'; '.join(orphans)} is not in the selection union (pcl/config_selection.py, Selection)")
     return {s.model_fields["type"].default: by_section[s] for s in sections}
 
 
