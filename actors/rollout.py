@@ -67,9 +67,10 @@ class RolloutWorker:
         requests, results = queues["rollout_requests"], queues["rollout_results"]
         self.service = RolloutService(engine, requests, results, batch_requests=cfg.max_in_flight, worker=name)
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=serve_forever, args=(self.service, self.stop, name), daemon=True,
-                                       kwargs={"fatal": lambda exc: engine_dead(exc) or not engine.alive(),
-                                               "on_fatal": end_process})
+        self.serving = lambda stop: threading.Thread(  # noqa: E731 - a new serving thread (after `quiesce` too)
+            target=serve_forever, args=(self.service, stop, name), daemon=True,
+            kwargs={"fatal": lambda exc: engine_dead(exc) or not engine.alive(), "on_fatal": end_process})
+        self.thread = self.serving(self.stop)
         if not _restarted():
             self.thread.start()  # a restarted worker starts serving when it is given weights (`serve`)
 
@@ -120,6 +121,19 @@ class RolloutWorker:
         with self.service.lock:
             if hasattr(self.service.engine, "_calls"):
                 self.service.engine._calls = int(state["calls"])
+
+    def quiesce(self, wait_s: float = 15.0) -> bool:
+        """Before a restart of the run from a checkpoint that keeps this worker: stop serving (the pass under way
+        ends first, forwarding what it took); it serves again when the restore gives it weights, as a worker
+        Ray restarted does. False if the serving loop did not stop within wait_s (then it is not kept)."""
+        self.stop.set()
+        if self.thread.ident is not None:
+            self.thread.join(timeout=wait_s)
+            if self.thread.is_alive():
+                return False
+        self.stop = threading.Event()
+        self.thread = self.serving(self.stop)
+        return True
 
     def shutdown(self) -> None:
         self.stop.set()

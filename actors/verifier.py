@@ -43,11 +43,29 @@ class RewardVerifier:
         results, rewards = queues["rollout_results"], queues["rewards"]
         self.service = VerifierService(self.pool, answers, results, rewards)
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=serve_forever, args=(self.service, self.stop, name), daemon=True)
+        self.serving = lambda stop: threading.Thread(  # noqa: E731 - a new serving thread (after `quiesce` too)
+            target=serve_forever, args=(self.service, stop, name), daemon=True)
+        self.thread = self.serving(self.stop)
         self.thread.start()
 
     def stats(self) -> dict[str, Any]:
         return {**self.service.counts, **{f"pool_{key}": value for key, value in self.pool.stats().items()}}
+
+    def quiesce(self, wait_s: float = 15.0) -> bool:
+        """Before a restart of the run from a checkpoint that keeps this verifier: stop serving (the pass under
+        way ends first); `resume` starts it again on the purged streams. False if it did not stop within wait_s."""
+        self.stop.set()
+        self.thread.join(timeout=wait_s)
+        if self.thread.is_alive():
+            return False
+        self.stop = threading.Event()
+        self.thread = self.serving(self.stop)
+        return True
+
+    def resume(self) -> bool:
+        if self.thread.ident is None:
+            self.thread.start()
+        return True
 
     def shutdown(self) -> None:
         self.stop.set()

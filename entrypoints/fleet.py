@@ -4,6 +4,15 @@
     ...
     fleet.stop()                                        # its actors, then its placement groups
 
+    kept = fleet.salvage(cfg)                           # a failure: the actors that can go on, the rest removed
+    fleet = start_fleet(cfg, prepared, redis_url, kept=kept)   # starts only what is missing, then restore
+
+A restart from a checkpoint keeps what survived: every actor that answers at once (its serving loop stopped and
+started again after the streams are purged) and restores it from the checkpoint like a new one, so a lost
+coordinator costs one coordinator's start, not eight actors'. The coordinator is always new; the learner ranks
+are kept or replaced together (they share a process group); with `rollout.weight_sync: collective` the learner
+and the rollout workers share a weight group too, so they are replaced together.
+
 The learner ranks, V's ranks and each rollout engine go into placement groups (`pcl.tools.placement`), reserved
 before any actor starts: a group the cluster cannot hold is refused with the role, its bundles and what the
 cluster has (`PlacementError`, a ConfigError), and the groups already made are removed.
@@ -33,14 +42,44 @@ class Fleet:
     handles: FleetHandles
     placement: "Placement | None" = None
 
+    def salvage(self, cfg: Config, wait_s: float = 20.0) -> "Fleet":
+        """After a failure, before a restart from a checkpoint: the actors that can go on, the rest killed. Rollout
+        workers and verifiers stop their serving loops (nothing of the failed attempt is written after the
+        streams are purged; a worker Ray is restarting is kept once it is up); the learner ranks, V and the
+        sampler must answer a ping within `wait_s` (a rank stuck in a collective with a lost peer does not). The
+        coordinator is always killed. Returns a Fleet of the kept handles (None where one is lost) and the
+        placement groups, for `start_fleet(kept=...)`."""
+        h, collective = self.handles, cfg.rollout.weight_sync == "collective"
+        kill = lambda actor: actor is not None and ray.kill(actor, no_restart=True)  # noqa: E731
+        kill(self.coordinator)
+        kept = FleetHandles(h.redis_url, h.policy_path, h.value_path)
+        serving = h.rollout_workers + h.verifiers
+        ranks, single = getattr(h.learners, "ranks", []), [a for a in (h.sampler, h.scorer) if a is not None]
+        answers = _answers([w.quiesce.remote() for w in serving] + [a.ping.remote() for a in [*ranks, *single]],
+                           wait_s)  # asked all at once
+        stopped, alive = answers[:len(serving)], answers[len(serving):]
+        kept.rollout_workers = [w if ok and not collective else None for w, ok in zip(h.rollout_workers, stopped)]
+        kept.verifiers = [v if ok else None for v, ok in zip(h.verifiers, stopped[len(h.rollout_workers):])]
+        kept.learners = h.learners if ranks and all(alive[:len(ranks)]) and not collective else None
+        answered = {id(a) for a, ok in zip(single, alive[len(ranks):]) if ok}
+        kept.sampler, kept.scorer = (a if id(a) in answered else None for a in (h.sampler, h.scorer))
+        for old, new in zip(serving + [h.sampler, h.scorer], kept.rollout_workers + kept.verifiers +
+                            [kept.sampler, kept.scorer]):
+            if new is None:
+                kill(old)
+        if kept.learners is None and h.learners is not None:
+            h.learners.kill()
+        return Fleet(None, kept, self.placement)
+
     def stop(self) -> None:
         """Stop serving loops politely, then remove every actor."""
         h = self.handles
         workers = h.rollout_workers + h.verifiers
         try:
-            ray.get([w.shutdown.remote() for w in workers], timeout=20)
+            ray.get([w.shutdown.remote() for w in workers if w is not None], timeout=20)
         except Exception as exc:  # noqa: BLE001 - best effort; the actors are killed next
             log.warning("stopping workers: %s", exc)
+        workers = [w for w in workers if w is not None]
         for actor in workers + [h.sampler, h.scorer, self.coordinator]:
             if actor is not None:
                 ray.kill(actor, no_restart=True)
@@ -143,19 +182,35 @@ def check_fleet_config(cfg: Config) -> None:
                           f"worker's whole GPUs")
 
 
-def start_fleet(cfg: Config, prep, redis_url: str, placement_timeout_s: float = 120.0) -> Fleet:
-    """Reserve the run's placement groups, start every actor in them and wait until each answers."""
+def _answers(refs: list, wait_s: float) -> list[bool]:
+    """Per call: it answered True within wait_s (all of them waited for together)."""
+    ready = set(ray.wait(refs, num_returns=len(refs), timeout=wait_s)[0]) if refs else set()
+    out = []
+    for ref in refs:
+        try:
+            out.append(ref in ready and bool(ray.get(ref)))
+        except Exception:  # noqa: BLE001 - RayActorError and friends: lost
+            out.append(False)
+    return out
+
+
+def start_fleet(cfg: Config, prep, redis_url: str, placement_timeout_s: float = 120.0,
+                kept: Fleet | None = None) -> Fleet:
+    """Reserve the run's placement groups, start every actor in them and wait until each answers. With `kept`
+    (`Fleet.salvage`), its placement groups and live actors are used and only the missing ones started."""
     check_fleet_config(cfg)
-    placement = reserve_placement(cfg, placement_timeout_s)
+    placement = kept.placement if kept is not None else reserve_placement(cfg, placement_timeout_s)
+    h = kept.handles if kept is not None else FleetHandles(redis_url, prep.policy_path, prep.value_path)
+    fleet = Fleet(None, h, placement)
     try:
-        h, coordinator = _start_actors(cfg, prep, redis_url, placement)
+        fleet.coordinator = _start_actors(cfg, prep, redis_url, placement, h)
     except BaseException:
-        placement.remove()
+        fleet.stop()
         raise
-    return Fleet(coordinator, h, placement)
+    return fleet
 
 
-def _start_actors(cfg: Config, prep, redis_url: str, placement: Placement):
+def _start_actors(cfg: Config, prep, redis_url: str, placement: Placement, h: FleetHandles):
     from actors.coordinator import Coordinator
     from actors.learner import LearnerGroup
     from actors.rollout import RolloutWorker
@@ -168,12 +223,12 @@ def _start_actors(cfg: Config, prep, redis_url: str, placement: Placement):
 
     seed, run = cfg.run.seed, cfg.run.name
     policy = cfg.model.model_copy(update={"path": prep.policy_path})  # the model section, with the local copy
-    h = FleetHandles(redis_url, prep.policy_path, prep.value_path)
     # The coordinator and the sampler live on the driver's node: they write the run directory beside the driver,
     # and losing them is losing the run's driver node anyway (the rest is placed by its placement groups).
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    h.sampler = PromptSamplerActor.options(scheduling_strategy=here).remote(prep.train_prompts, seed)
-    if "value" in placement.groups:  # the strategy needs V (pcl.tools.placement.placement_plan)
+    if h.sampler is None:
+        h.sampler = PromptSamplerActor.options(scheduling_strategy=here).remote(prep.train_prompts, seed)
+    if "value" in placement.groups and h.scorer is None:  # the strategy needs V (pcl.tools.placement)
         gpus = cfg.learner.num_gpus_per_rank  # every V rank: one learner rank's GPUs
         h.scorer = ValueScorerActor.options(num_gpus=gpus, resources=cfg.value.resources or None,
                                             scheduling_strategy=placement.at("value", 0),
@@ -182,16 +237,20 @@ def _start_actors(cfg: Config, prep, redis_url: str, placement: Placement):
             checkpoints=str(prep.run_dir / "checkpoints"), num_gpus=gpus, timeout_s=cfg.learner.timeout_s,
             placement=placement.groups["value"])
     wait_while_full(lambda: publish_answers(redis_url, run, prep.answers), "the gold answers")  # one transaction
-    h.verifiers = [RewardVerifier.options(resources=cfg.verifier.resources or None).remote(
-        cfg.verifier, cfg.redis, cfg.run, redis_url, i) for i in range(cfg.verifier.num_workers)]
-    h.rollout_workers = [
-        RolloutWorker.options(num_gpus=cfg.rollout.num_gpus_per_worker, resources=cfg.rollout.resources or None,
-                              scheduling_strategy=placement.at(f"rollout-{i}")).remote(
+    kept_verifiers = [v for v in h.verifiers if v is not None]
+    h.verifiers = [v if v is not None else RewardVerifier.options(resources=cfg.verifier.resources or None).remote(
+        cfg.verifier, cfg.redis, cfg.run, redis_url, i) for i, v in enumerate(h.verifiers or
+                                                                            [None] * cfg.verifier.num_workers)]
+    h.rollout_workers = [w if w is not None else RolloutWorker.options(
+        num_gpus=cfg.rollout.num_gpus_per_worker, resources=cfg.rollout.resources or None,
+        scheduling_strategy=placement.at(f"rollout-{i}")).remote(
             cfg.rollout, cfg.redis, cfg.run, policy, redis_url, i, max_model_len(cfg))
-        for i in range(cfg.rollout.num_workers)]
-    h.learners = LearnerGroup.create(cfg.learner, cfg.optimizer, policy, seed, placement=placement.groups["learner"])
+        for i, w in enumerate(h.rollout_workers or [None] * cfg.rollout.num_workers)]
+    if h.learners is None:
+        h.learners = LearnerGroup.create(cfg.learner, cfg.optimizer, policy, seed,
+                                         placement=placement.groups["learner"])
+    # kept verifiers serve the purged streams from here on (kept rollout workers, once the restore's weights come)
     pings = [a.ping.remote() for a in [h.sampler, *h.verifiers, *h.rollout_workers, h.scorer] if a is not None]
-    ray.get(pings, timeout=cfg.learner.timeout_s)
-    coordinator = Coordinator.options(scheduling_strategy=here).remote(cfg.model_dump(), str(prep.run_dir), h,
-                                                                      prep.eval_prompts, prep.suite)
-    return h, coordinator
+    ray.get(pings + [v.resume.remote() for v in kept_verifiers], timeout=cfg.learner.timeout_s)
+    return Coordinator.options(scheduling_strategy=here).remote(cfg.model_dump(), str(prep.run_dir), h,
+                                                                prep.eval_prompts, prep.suite)

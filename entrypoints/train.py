@@ -289,8 +289,8 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     redis = open_run_redis(cfg, prep.run_dir)
     # Restarted if it exits, checked every second from a thread (the driver may be starting Ray or the fleet) too.
     keep_redis = EmbeddedRedisKeeper(redis, cfg.checkpoint.max_restarts).watch()
-    control, own_ray, fleet = None, False, None
-    checkpoint, restarts = prep.checkpoint, 0
+    control, own_ray, fleet, kept = None, False, None, None
+    checkpoint, restarts, started_again = prep.checkpoint, 0, []
     snapshot = control_snapshot(checkpoint)
     try:
         # Control state in Redis (reset for a fresh run) and, with control.enabled, the control plane.
@@ -302,7 +302,13 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
             keep_redis()
             purge_streams(redis.url, cfg.run.name)  # nothing in flight from an earlier attempt is collected
             try:
-                fleet = start_fleet(cfg, prep, redis.url)  # an actor lost while the fleet starts: a restart too
+                attempt, kept = kept, None  # a start that fails removes what it was given: the next starts anew
+                survivors = set(attempt.handles.named()) if attempt is not None else None
+                fleet = start_fleet(cfg, prep, redis.url, kept=attempt)  # an actor lost here: a restart too
+                if survivors is not None:
+                    started_again.append(["coordinator"] + sorted(set(fleet.handles.named()) - survivors))
+                    print(f"pcl: restart {restarts} kept {len(survivors)} actors, started again: "
+                          f"{', '.join(started_again[-1])}", flush=True)
                 start_from(cfg, prep.run_dir, fleet, checkpoint)
                 print(f"pcl: actors up in {time.perf_counter() - started:.1f}s; {training_plan(cfg)}", flush=True)
                 summary = follow(fleet.coordinator.run.remote(), prep.run_dir, cfg.run.steps, stream=console,
@@ -314,10 +320,12 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
                     raise
                 restarts += 1
                 checkpoint = restart_point(cfg, prep.run_dir, exc, restarts)
-                if fleet is not None:
-                    fleet.stop()
+                if fleet is not None and checkpoint is not None:
+                    kept = fleet.salvage(cfg)  # what survived is restored from the checkpoint like new actors
+                elif fleet is not None:
+                    fleet.stop()  # from the start: every actor new (the survivors hold trained state)
                 fleet = None
-        summary.update(restarts=restarts, redis_restarts=keep_redis.restarts,
+        summary.update(restarts=restarts, redis_restarts=keep_redis.restarts, started_again=started_again,
                        total_seconds=time.perf_counter() - started)
         finish_run(cfg, prep.run_dir, summary, trackers, control)
         return 0

@@ -7,7 +7,8 @@ exactly once. What each failure does (docs/operations.md):
   the visibility timeout; a restarted rollout worker gets the current weights from the coordinator; a restarted
   scorer takes V from the newest checkpoint. The run goes on without a restart. (With deterministic rollouts the
   scorer is not restarted in place: tests/actors/test_scorer.py.)
-- learner rank, coordinator: the driver restarts the fleet from the newest complete checkpoint (one restart).
+- learner rank, coordinator: the driver restarts the run from the newest complete checkpoint (one restart),
+  starting again only the lost actors and the coordinator; the others are kept and restored.
 - Redis: clients reconnect with backoff; with AOF on, nothing acknowledged is lost.
 """
 
@@ -18,8 +19,9 @@ import json
 import pytest
 
 from pcl.config import load_config
-from tests.actors.faults import (FAST, TrainingThread, assert_each_step_once_and_exact_batches, checkpoint_written,
-                                 embedded_redis_pid, sigkill, steps_logged, wait_until)
+from entrypoints.chaos.reference import weights_diff
+from tests.actors.faults import (FAST, TrainingThread, actor_pids, assert_each_step_once_and_exact_batches,
+                                 checkpoint_written, embedded_redis_pid, sigkill, steps_logged, wait_until)
 
 pytestmark = [pytest.mark.ray, pytest.mark.redis, pytest.mark.slow, pytest.mark.usefixtures("tiny_model")]
 STEPS = 6
@@ -62,14 +64,32 @@ def test_a_killed_worker_actor_is_restarted_in_place(actor, ray_session, tmp_pat
         assert records[-1]["worker_reloads"] >= 1  # the restarted worker got the current weights
 
 
-@pytest.mark.parametrize("actor", ["LearnerRank", "Coordinator"])
-def test_a_killed_learner_rank_or_coordinator_restarts_the_run_from_its_checkpoint(actor, ray_session, tmp_path):
+def test_a_killed_learner_rank_restarts_the_run_from_its_checkpoint(ray_session, tmp_path):
     thread = start(tmp_path)
     mid_step_3(thread)
-    sigkill(actor, index=-1 if actor == "LearnerRank" else 0)
+    sigkill("LearnerRank", index=-1)
     summary = finish(thread)
     assert summary["restarts"] == 1
     assert summary["steps"] == STEPS
+    # the learner ranks share a process group: both start again; the workers, V and the sampler were kept
+    assert summary["started_again"] == [["coordinator", "learner-0", "learner-1"]]
+
+
+def test_a_killed_coordinator_restarts_alone_and_the_run_replays_exactly(ray_session, tmp_path):
+    """A restart keeps every actor that survived and restores it from the checkpoint like a new one: the run's
+    final weights equal an unfaulted run's (deterministic rollouts)."""
+    thread = start(tmp_path / "faulted", "rollout.deterministic=true")
+    mid_step_3(thread)
+    workers = actor_pids("RolloutWorker")
+    sigkill("Coordinator")
+    wait_until(lambda: len(steps_logged(thread.run_dir)) >= 4, 300, "a step after the restart", thread)
+    assert actor_pids("RolloutWorker") == workers  # the same processes serve on
+    summary = finish(thread)
+    assert summary["restarts"] == 1
+    assert summary["started_again"] == [["coordinator"]]
+    reference = start(tmp_path / "reference", "rollout.deterministic=true")
+    finish(reference)
+    assert weights_diff(thread.run_dir, reference.run_dir, STEPS) == 0.0
 
 
 def test_redis_killed_and_restarted_mid_run(ray_session, tmp_path):

@@ -19,7 +19,7 @@ def test_an_actor_lost_while_the_fleet_starts_is_a_restart(untrained_tiny, ray_s
 
     starts = []
 
-    def start_fleet(cfg, prep, redis_url, placement_timeout_s=120.0):
+    def start_fleet(cfg, prep, redis_url, placement_timeout_s=120.0, kept=None):
         starts.append(redis_url)
         if len(starts) == 1:  # as a rank that died before answering its first call
             raise ray.exceptions.ActorDiedError()
