@@ -178,7 +178,8 @@ def report(schedule: Schedule, run, checks: list[Check], replay: str) -> int:
     steps = max((s for what, _, s in run.timeline if what == "commit"), default=0)
     seconds = run.finished_at if run.finished_at is not None else run.since_t0(run.clock())
     summary = {"finished": run.finished, "error": run.error, "steps": steps, "seconds": seconds,
-               "restarts": run.driver.restarts, "resumes": run.resumes}
+               "restarts": run.driver.restarts, "resumes": run.resumes,
+               "started_again": run.driver.started_again}
     result = build_report(schedule, faults, checks, summary, steps_redone(run.timeline), replay)
     text = format_report(result, schedule)
     print(text, flush=True)

@@ -29,6 +29,7 @@ MILESTONES = (  # (pattern in a line of pcl train's output, what it means)
     (re.compile(r"^pcl: actors up in"), "up"),
     (re.compile(r"^pcl: the run failed \((.*)\); restarting from (\S+)"), "restarting"),
     (re.compile(r"^pcl: restored step (\d+)"), "restored"),
+    (re.compile(r"^pcl: restart \d+ kept \d+ actors, started again: (.*)"), "started_again"),
     (re.compile(r"^pcl: the embedded Redis exited"), "redis_revived"),
     (re.compile(r"^pcl: done:"), "ending"),
 )
@@ -49,6 +50,7 @@ class Driver:
         self.control_url: str | None = None
         self.timeline: list[tuple[str, float, int]] = []  # ("restored", t, step) and ("restart", t, 0)
         self.restarts = 0  # fleet restarts the drivers announced
+        self.started_again: list[list[str]] = []  # the actors each restart from a checkpoint started again
         self.errors: list[str] = []  # why the run failed, as it printed it
         self.tail: deque[str] = deque(maxlen=12)  # its last lines
         self.lock = threading.Lock()
@@ -96,6 +98,8 @@ class Driver:
                 self.errors.append(match.group(1))
             elif what == "restored":
                 self.timeline.append(("restored", now, int(match.group(1))))
+            elif what == "started_again":
+                self.started_again.append(match.group(1).split(", "))
             elif what == "ending" and self.state != "down":
                 self.state = "ending"
 

@@ -96,6 +96,13 @@ def _injected_line(report: dict[str, Any], schedule: Schedule) -> str:
     return line
 
 
+def _started_again_line(restarts: list[list[str]]) -> str:
+    """How many actors the restarts from a checkpoint started again, by role (the rest were kept)."""
+    roles = Counter(name.split("-")[0] for names in restarts for name in names)
+    return (f"restarts from a checkpoint: {len(restarts)}; actors started again: "
+            + (", ".join(f"{role} {count}" for role, count in sorted(roles.items())) or "none"))
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
@@ -122,6 +129,7 @@ def format_report(report: dict[str, Any], schedule: Schedule) -> str:
     lines.append(f"recovery: {rec['recovered']} of {rec['injected']} injected faults recovered; time to recover "
                  f"median {_seconds(rec['median'])} s, max {_seconds(rec['max'])} s")
     lines.append(f"steps redone after restarts: {report['steps_redone']}")
+    lines.append(_started_again_line(run.get("started_again") or []))
     lines.append("invariants:")
     lines += [f"  {c['status']} {c['name']}: {c['detail']}" for c in report["checks"]]
     lines.append(f"result: {'PASS' if report['passed'] else 'FAIL'}")

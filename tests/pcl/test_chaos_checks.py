@@ -160,12 +160,14 @@ def test_the_report_counts_by_kind_and_prints_the_replay_on_failure():
                "phase": "rollout", "note": "x"} for f in schedule.faults]
     metrics, selections = clean_run()
     checks = [check_steps(metrics, selections, STEPS), check_processes([])]
-    run = {"finished": True, "steps": STEPS, "seconds": 100.0, "restarts": 1, "resumes": 0}
+    run = {"finished": True, "steps": STEPS, "seconds": 100.0, "restarts": 2, "resumes": 0,
+           "started_again": [["coordinator"], ["coordinator", "learner-0", "learner-1"]]}
     passed = build_report(schedule, faults, checks, run, redone=2, replay="pcl chaos c.yaml --seed 5 --faults 3")
     assert passed["passed"] and passed["schedule"] is None
     assert passed["recovery_s"] == {"median": 3.0, "max": 4.0, "recovered": 3, "injected": 3}
     text = format_report(passed, schedule)
     assert "result: PASS" in text and "steps redone after restarts: 2" in text and "replay" not in text
+    assert "restarts from a checkpoint: 2; actors started again: coordinator 2, learner 2" in text
     failed = build_report(schedule, faults, checks + [check_processes(["1 ray::Coordinator"])], run, 2, "pcl chaos X")
     text = format_report(failed, schedule)
     assert not failed["passed"] and "result: FAIL" in text and "replay with: pcl chaos X" in text
