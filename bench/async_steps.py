@@ -6,6 +6,8 @@ training budget).
     python -m bench.async_steps                     # runs the experiment (~40 min on 2 cores), then the figures
     python -m bench.async_steps --budget 30 --seeds 0   # a quick look
     python -m bench.async_steps --report-only       # the figures of the runs already there
+    python -m bench.async_steps --budget 150 --arms pcl-sync pcl-async pcl-shipped --runs-dir runs/experiments/async-150 \
+        --output docs/results/async-steps-150s.md
 
 Each run is a normal `pcl train` run of `pcl experiment` (its report, docs/results/async-steps.md, holds the
 accuracy table and plots). Steps per second are steps over seconds of training (`train_elapsed_seconds`: held-out
@@ -97,15 +99,26 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--budget", type=float, default=None, help="seconds of training per run (default: the "
                         "experiment's)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="seeds (default: the experiment's)")
+    parser.add_argument("--arms", nargs="+", default=None, help="arms to run (default: all of the experiment's)")
     parser.add_argument("--runs-dir", default=None, help="where the runs go (default: the experiment's)")
+    parser.add_argument("--output", default=None, help="the experiment's report (default: the experiment's, "
+                        "docs/results/async-steps.md)")
     parser.add_argument("--report-only", action="store_true", help="read the runs there, train nothing")
     add_json_option(parser)
     args = parser.parse_args(argv)
     exp = yaml.safe_load(EXPERIMENT.read_text())
     exp["budget_s"] = args.budget or exp["budget_s"]
     exp["seeds"] = args.seeds or exp["seeds"]
+    if args.arms:
+        unknown = sorted(set(args.arms) - set(exp["strategies"]))
+        if unknown:
+            parser.error(f"--arms: no arm {', '.join(unknown)} in {EXPERIMENT.name} "
+                         f"(it has {', '.join(exp['strategies'])})")
+        exp["strategies"] = {arm: exp["strategies"][arm] for arm in args.arms}
     if args.runs_dir:
         exp["runs_dir"] = args.runs_dir
+    if args.output:
+        exp["output"] = args.output
     runs_dir = Path(exp.get("runs_dir") or f"runs/experiments/{exp['name']}")
     if not args.report_only:
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
