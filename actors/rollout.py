@@ -17,14 +17,13 @@ visibility timeout.
 from __future__ import annotations
 
 import os
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 import ray
 
 from actors.engine_processes import end_process, reap_engine_processes, record_engine_processes
-from actors.runtime import init_actor_process
+from actors.runtime import ServingThread, init_actor_process
 
 if TYPE_CHECKING:
     from pcl.config import ModelConfig, RedisConfig, RolloutConfig, RunConfig
@@ -55,7 +54,7 @@ class RolloutWorker:
         from services.redis_server import make_client
         from services.streams.topology import open_role
         from pcl.engines.base import engine_dead
-        from services.streams.workers import RolloutService, serve_forever
+        from services.streams.workers import RolloutService
 
         device = "cuda" if cfg.num_gpus_per_worker > 0 else "cpu"
         extra = {"max_model_len": max_model_len} if cfg.engine == "vllm" else {}
@@ -66,13 +65,10 @@ class RolloutWorker:
         queues = open_role(make_client(redis_url), run.name, "rollout", name, redis, max_in_flight=cfg.max_in_flight)
         requests, results = queues["rollout_requests"], queues["rollout_results"]
         self.service = RolloutService(engine, requests, results, batch_requests=cfg.max_in_flight, worker=name)
-        self.stop = threading.Event()
-        self.serving = lambda stop: threading.Thread(  # noqa: E731 - a new serving thread (after `quiesce` too)
-            target=serve_forever, args=(self.service, stop, name), daemon=True,
-            kwargs={"fatal": lambda exc: engine_dead(exc) or not engine.alive(), "on_fatal": end_process})
-        self.thread = self.serving(self.stop)
+        self.loop = ServingThread(self.service, name, fatal=lambda exc: engine_dead(exc) or not engine.alive(),
+                                  on_fatal=end_process)
         if not _restarted():
-            self.thread.start()  # a restarted worker starts serving when it is given weights (`serve`)
+            self.loop.start()  # a restarted worker starts serving when it is given weights (`serve`)
 
     def load_weights(self, weights: dict, version: int) -> dict[str, float]:
         """Install the learner's weights as policy `version` (and serve, if not yet); returns how long it took."""
@@ -103,15 +99,14 @@ class RolloutWorker:
 
     def serve(self) -> None:
         """Start serving the request stream with the weights held, if not serving yet (after a restart)."""
-        if self.thread.ident is None and not self.stop.is_set():
-            self.thread.start()
+        self.loop.start()
 
     def stats(self) -> dict[str, Any]:
         return {"policy_version": self.service.engine.policy_version, **self.service.counts}
 
     def policy_version(self) -> int:
         """The policy version it serves; -1 for a restarted worker that serves nothing yet."""
-        return self.service.engine.policy_version if self.thread.ident is not None else -1
+        return self.service.engine.policy_version if self.loop.started else -1
 
     def rng_state(self) -> dict[str, int]:
         """The engine's sampling state (its count of unseeded generation calls), for checkpoints."""
@@ -126,20 +121,11 @@ class RolloutWorker:
         """Before a restart of the run from a checkpoint that keeps this worker: stop serving (the pass under way
         ends first, forwarding what it took); it serves again when the restore gives it weights, as a worker
         Ray restarted does. False if the serving loop did not stop within wait_s (then it is not kept)."""
-        self.stop.set()
-        if self.thread.ident is not None:
-            self.thread.join(timeout=wait_s)
-            if self.thread.is_alive():
-                return False
-        self.stop = threading.Event()
-        self.thread = self.serving(self.stop)
-        return True
+        return self.loop.quiesce(wait_s)
 
     def shutdown(self) -> None:
-        self.stop.set()
-        if self.thread.ident is not None:
-            self.thread.join(timeout=10)
+        self.loop.shutdown()
 
     def ping(self) -> bool:
         """The serving thread runs (or, after a restart, waits to be started)."""
-        return self.thread.is_alive() or self.thread.ident is None
+        return self.loop.alive() or not self.loop.started

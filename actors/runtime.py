@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 
 
 def init_actor_process(threads: int = 1) -> None:
@@ -69,3 +70,47 @@ def gather(refs: list, timeout_s: float, what: str) -> list:
         ready, pending = ray.wait(pending, num_returns=1, timeout=min(left, 1.0))
         ray.get(ready)  # raises the first failure at once
     return ray.get(list(refs))
+
+
+class ServingThread:
+    """A worker actor's serving loop (`services.streams.workers.serve_forever`) in a daemon thread, which can be
+    stopped and made anew: `quiesce` stops it (the pass under way ends first) and readies a new, unstarted one that
+    `start` starts (a restart of the run from a checkpoint that keeps the actor)."""
+
+    def __init__(self, service, name: str, **kwargs):
+        self.service, self.name, self.kwargs = service, name, kwargs
+        self._renew()
+
+    def _renew(self) -> None:
+        from services.streams.workers import serve_forever
+
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=serve_forever, args=(self.service, self.stop, self.name),
+                                       kwargs=self.kwargs, daemon=True)
+
+    @property
+    def started(self) -> bool:
+        return self.thread.ident is not None
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def start(self) -> None:
+        """Start serving, if not serving yet (and not stopped)."""
+        if not self.started and not self.stop.is_set():
+            self.thread.start()
+
+    def quiesce(self, wait_s: float) -> bool:
+        """Stop serving and ready a new loop; False if the running one did not stop within wait_s."""
+        self.stop.set()
+        if self.started:
+            self.thread.join(timeout=wait_s)
+            if self.thread.is_alive():
+                return False
+        self._renew()
+        return True
+
+    def shutdown(self, wait_s: float = 10.0) -> None:
+        self.stop.set()
+        if self.started:
+            self.thread.join(timeout=wait_s)

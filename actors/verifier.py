@@ -7,12 +7,11 @@ Ray restarts a verifier whose process dies; what it held unacknowledged is recla
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Any
 
 import ray
 
-from actors.runtime import init_actor_process
+from actors.runtime import ServingThread, init_actor_process
 
 if TYPE_CHECKING:
     from pcl.config import RedisConfig, RunConfig, VerifierConfig
@@ -31,7 +30,7 @@ class RewardVerifier:
         from services.redis_server import make_client
         from services.streams.rollout_client import read_answers
         from services.streams.topology import open_role
-        from services.streams.workers import VerifierService, serve_forever
+        from services.streams.workers import VerifierService
 
         self.pool = RewardPool(processes=cfg.processes, timeout_s=cfg.timeout_s,
                                max_tasks_per_worker=cfg.max_tasks_per_worker)
@@ -42,11 +41,8 @@ class RewardVerifier:
         queues = open_role(client, run.name, "verifier", name, redis)
         results, rewards = queues["rollout_results"], queues["rewards"]
         self.service = VerifierService(self.pool, answers, results, rewards)
-        self.stop = threading.Event()
-        self.serving = lambda stop: threading.Thread(  # noqa: E731 - a new serving thread (after `quiesce` too)
-            target=serve_forever, args=(self.service, stop, name), daemon=True)
-        self.thread = self.serving(self.stop)
-        self.thread.start()
+        self.loop = ServingThread(self.service, name)
+        self.loop.start()
 
     def stats(self) -> dict[str, Any]:
         return {**self.service.counts, **{f"pool_{key}": value for key, value in self.pool.stats().items()}}
@@ -54,23 +50,15 @@ class RewardVerifier:
     def quiesce(self, wait_s: float = 15.0) -> bool:
         """Before a restart of the run from a checkpoint that keeps this verifier: stop serving (the pass under
         way ends first); `resume` starts it again on the purged streams. False if it did not stop within wait_s."""
-        self.stop.set()
-        self.thread.join(timeout=wait_s)
-        if self.thread.is_alive():
-            return False
-        self.stop = threading.Event()
-        self.thread = self.serving(self.stop)
-        return True
+        return self.loop.quiesce(wait_s)
 
     def resume(self) -> bool:
-        if self.thread.ident is None:
-            self.thread.start()
+        self.loop.start()
         return True
 
     def shutdown(self) -> None:
-        self.stop.set()
-        self.thread.join(timeout=10)
+        self.loop.shutdown()
         self.pool.close()
 
     def ping(self) -> bool:
-        return self.thread.is_alive()
+        return self.loop.alive()

@@ -49,37 +49,34 @@ class Fleet:
         sampler must answer a ping within `wait_s` (a rank stuck in a collective with a lost peer does not). The
         coordinator is always killed. Returns a Fleet of the kept handles (None where one is lost) and the
         placement groups, for `start_fleet(kept=...)`."""
-        h, collective = self.handles, cfg.rollout.weight_sync == "collective"
-        kill = lambda actor: actor is not None and ray.kill(actor, no_restart=True)  # noqa: E731
-        kill(self.coordinator)
-        kept = FleetHandles(h.redis_url, h.policy_path, h.value_path)
-        serving = h.rollout_workers + h.verifiers
-        ranks, single = getattr(h.learners, "ranks", []), [a for a in (h.sampler, h.scorer) if a is not None]
-        answers = _answers([w.quiesce.remote() for w in serving] + [a.ping.remote() for a in [*ranks, *single]],
-                           wait_s)  # asked all at once
-        stopped, alive = answers[:len(serving)], answers[len(serving):]
-        kept.rollout_workers = [w if ok and not collective else None for w, ok in zip(h.rollout_workers, stopped)]
-        kept.verifiers = [v if ok else None for v, ok in zip(h.verifiers, stopped[len(h.rollout_workers):])]
-        kept.learners = h.learners if ranks and all(alive[:len(ranks)]) and not collective else None
-        answered = {id(a) for a, ok in zip(single, alive[len(ranks):]) if ok}
-        kept.sampler, kept.scorer = (a if id(a) in answered else None for a in (h.sampler, h.scorer))
-        for old, new in zip(serving + [h.sampler, h.scorer], kept.rollout_workers + kept.verifiers +
-                            [kept.sampler, kept.scorer]):
-            if new is None:
-                kill(old)
-        if kept.learners is None and h.learners is not None:
-            h.learners.kill()
+        h, actors = self.handles, self.handles.named()
+        if self.coordinator is not None:
+            ray.kill(self.coordinator, no_restart=True)
+        serving = ("rollout-", "verifier-")
+        calls = {name: (a.quiesce if name.startswith(serving) else a.ping).remote() for name, a in actors.items()}
+        lost = {name for name, ok in zip(calls, _answers(list(calls.values()), wait_s)) if not ok}  # asked at once
+        ranks = {name for name in actors if name.startswith("learner-")}
+        if cfg.rollout.weight_sync == "collective":  # learner and workers share a weight group
+            lost |= ranks | {name for name in actors if name.startswith("rollout-")}
+        if lost & ranks:  # one process group
+            lost |= ranks
+        for name in lost:
+            ray.kill(actors[name], no_restart=True)
+        keep = lambda name: None if name in lost else actors.get(name)  # noqa: E731
+        kept = FleetHandles(h.redis_url, h.policy_path, h.value_path, sampler=keep("sampler"), scorer=keep("scorer"),
+                            verifiers=[keep(f"verifier-{i}") for i in range(len(h.verifiers))],
+                            rollout_workers=[keep(f"rollout-{i}") for i in range(len(h.rollout_workers))],
+                            learners=h.learners if ranks and not lost & ranks else None)
         return Fleet(None, kept, self.placement)
 
     def stop(self) -> None:
         """Stop serving loops politely, then remove every actor."""
         h = self.handles
-        workers = h.rollout_workers + h.verifiers
+        workers = [w for w in h.rollout_workers + h.verifiers if w is not None]  # None: lost, not started again
         try:
-            ray.get([w.shutdown.remote() for w in workers if w is not None], timeout=20)
+            ray.get([w.shutdown.remote() for w in workers], timeout=20)
         except Exception as exc:  # noqa: BLE001 - best effort; the actors are killed next
             log.warning("stopping workers: %s", exc)
-        workers = [w for w in workers if w is not None]
         for actor in workers + [h.sampler, h.scorer, self.coordinator]:
             if actor is not None:
                 ray.kill(actor, no_restart=True)
@@ -200,7 +197,9 @@ def start_fleet(cfg: Config, prep, redis_url: str, placement_timeout_s: float = 
     (`Fleet.salvage`), its placement groups and live actors are used and only the missing ones started."""
     check_fleet_config(cfg)
     placement = kept.placement if kept is not None else reserve_placement(cfg, placement_timeout_s)
-    h = kept.handles if kept is not None else FleetHandles(redis_url, prep.policy_path, prep.value_path)
+    h = kept.handles if kept is not None else FleetHandles(
+        redis_url, prep.policy_path, prep.value_path, verifiers=[None] * cfg.verifier.num_workers,
+        rollout_workers=[None] * cfg.rollout.num_workers)  # _start_actors starts an actor for every None
     fleet = Fleet(None, h, placement)
     try:
         fleet.coordinator = _start_actors(cfg, prep, redis_url, placement, h)
@@ -239,13 +238,12 @@ def _start_actors(cfg: Config, prep, redis_url: str, placement: Placement, h: Fl
     wait_while_full(lambda: publish_answers(redis_url, run, prep.answers), "the gold answers")  # one transaction
     kept_verifiers = [v for v in h.verifiers if v is not None]
     h.verifiers = [v if v is not None else RewardVerifier.options(resources=cfg.verifier.resources or None).remote(
-        cfg.verifier, cfg.redis, cfg.run, redis_url, i) for i, v in enumerate(h.verifiers or
-                                                                            [None] * cfg.verifier.num_workers)]
+        cfg.verifier, cfg.redis, cfg.run, redis_url, i) for i, v in enumerate(h.verifiers)]
     h.rollout_workers = [w if w is not None else RolloutWorker.options(
         num_gpus=cfg.rollout.num_gpus_per_worker, resources=cfg.rollout.resources or None,
         scheduling_strategy=placement.at(f"rollout-{i}")).remote(
             cfg.rollout, cfg.redis, cfg.run, policy, redis_url, i, max_model_len(cfg))
-        for i, w in enumerate(h.rollout_workers or [None] * cfg.rollout.num_workers)]
+        for i, w in enumerate(h.rollout_workers)]
     if h.learners is None:
         h.learners = LearnerGroup.create(cfg.learner, cfg.optimizer, policy, seed,
                                          placement=placement.groups["learner"])
