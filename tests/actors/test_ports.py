@@ -51,10 +51,16 @@ def test_a_restarted_rollout_worker_waits_for_the_next_sync_while_the_learner_tr
         def serve(self) -> None:
             pass
 
+    def started(*versions: int) -> list:
+        """Stub workers that have answered once: the fleet check gives a worker 2 s to answer and counts a slower one
+        as restarting, which an actor still starting on a loaded machine would be."""
+        workers = [StubWorker.remote(v) for v in versions]
+        ray.get([w.policy_version.remote() for w in workers], timeout=120)
+        return workers
+
     reloads: list[int] = []
     fleet = FleetLearner.__new__(FleetLearner)  # no learner group: only the fleet check runs
-    fleet.workers, fleet.policy_version, fleet.worker_reloads, fleet.timeout_s = [
-        StubWorker.remote(3), StubWorker.remote(-1)], 3, 0, 30.0
+    fleet.workers, fleet.policy_version, fleet.worker_reloads, fleet.timeout_s = started(3, -1), 3, 0, 30.0
     fleet.sender = SimpleNamespace(reload=lambda worker, version: reloads.append(version))
     fleet.ahead = True
     fleet.check_fleet()
@@ -62,6 +68,6 @@ def test_a_restarted_rollout_worker_waits_for_the_next_sync_while_the_learner_tr
     fleet.ahead = False  # synced: the learner's weights are the fleet's version again
     fleet.check_fleet()
     assert reloads == [3] and fleet.worker_reloads == 1
-    fleet.workers, fleet.ahead = [StubWorker.remote(-1)], True
+    fleet.workers, fleet.ahead = started(-1), True
     with pytest.raises(FleetBehind, match="no rollout worker serves policy version 3"):
         fleet.check_fleet()
