@@ -12,10 +12,11 @@ Each check uses the product's own classes:
               151,936-token embeddings) on 8 sequences of 1,024 + 3,072 tokens, with the learner settings of
               configs/presets/qwen3-1.7b-base-math.yaml (token budget, activation checkpointing, model dtype), sdpa
               attention: peak GPU memory (torch.cuda.max_memory_allocated), tokens/s, model FLOPs utilisation
-              MFU = (6 x non-embedding parameters + 12 x layers x width x sequence length) x tokens/s over the
-              device's dense bf16 peak (PEAK_TFLOPS by device name, or --peak-tflops), and the hardware FLOPs
-              utilisation HFU that also counts the forward recomputed under activation checkpointing
-              (8 x N + 16 x layers x width x length per token); which attention kernel ran
+              MFU = (6 N + 12 L H Q T) x tokens/s over the device's dense bf16 peak (PEAK_TFLOPS by device
+              name, or --peak-tflops): N non-embedding parameters, L layers, H query heads of size Q, T the
+              sequence length (PaLM's model FLOPs, appendix B); and the hardware FLOPs utilisation HFU that also
+              counts the forward recomputed under activation checkpointing (8 N + 16 L H Q T per token); which
+              attention kernel ran
   engine      pcl.engines.hf.HFEngine.generate (Qwen3-0.6B shape): prompts x n samples, generated tokens/s
   learner     the same PolicyLearner at Qwen3-0.6B's shape and short sequences: tokens/s and its MFU
   value       pcl.models.value.ValueModel + ValueTrainer: scoring k*m prompts in float32 and with the bfloat16 scoring
@@ -53,8 +54,10 @@ SIZES = {"full": {"engine": (64, 8, 128, 256), "learner": (64, 128, 256, 8), "va
 PRESET = ROOT / "configs" / "presets" / "qwen3-1.7b-base-math.yaml"
 
 
-# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) by a substring of torch.cuda.get_device_name().
-PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
+# Dense bf16 tensor-core peaks (TFLOP/s, no sparsity: half the datasheets' "with sparsity" figures) by a substring
+# of torch.cuda.get_device_name(), the first that matches: the H100 PCIe card (1,513 with sparsity) before the
+# SXM part's "H100" (1,979).
+PEAK_TFLOPS = {"H200": 989.0, "H100 PCIe": 756.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "A10G": 125.0}
 
 
 def peak_tflops(device_name: str, override: float | None) -> float | None:
@@ -70,17 +73,30 @@ def mfu(parameters: int, tokens_per_second: float, peak: float | None) -> float 
 
 
 def flops_per_token(shape: dict, sequence_length: int, recomputed: bool) -> float:
-    """Training FLOPs per token: 6 x non-embedding parameters + 12 x layers x width x sequence length (model
-    FLOPs); with `recomputed` the forward counted twice (8 N + 16 L w T: the hardware's FLOPs under activation
-    checkpointing)."""
+    """Training FLOPs per token: 6 N + 12 L H Q T (PaLM's model FLOPs; nanoGPT's estimate_mfu likewise), N the
+    non-embedding parameters (the tied embedding, which is also the LM head, left out), L layers, H query heads of
+    size Q (Qwen3's H Q may differ from its width; key-value heads shared by several query heads save no FLOPs), T
+    the sequence length: forward 2 N + 4 L H Q T (Q K^T and the weighted sum of V, 2 T H Q each a layer, the full
+    square counted as PaLM does), backward twice that. With `recomputed` the forward counted twice: 8 N + 16 L H Q T,
+    the hardware's FLOPs under activation checkpointing."""
     from pcl.tools.shapes import ModelShape
 
     model = ModelShape(shape["vocab_size"], shape["hidden_size"], shape["num_hidden_layers"],
                        shape["intermediate_size"], shape["num_attention_heads"], shape["num_key_value_heads"],
                        shape["head_dim"], True, True)
     non_embedding = model.policy_params - model.embedding_params
-    attention = shape["num_hidden_layers"] * shape["hidden_size"] * sequence_length
+    attention = model.layers * model.heads * model.head_dim * sequence_length
     return (8 * non_embedding + 16 * attention) if recomputed else (6 * non_embedding + 12 * attention)
+
+
+def utilisation(shape: dict, sequence_length: int, tokens_per_second: float, peak: float | None,
+                recomputed: bool) -> dict:
+    """A learner step's throughput against the device's peak: model TFLOP/s, MFU (model FLOPs over the peak) and
+    HFU (the FLOPs the hardware ran, the forward recomputed when `recomputed`); MFU and HFU None without a peak."""
+    model = flops_per_token(shape, sequence_length, recomputed=False) * tokens_per_second
+    hardware = flops_per_token(shape, sequence_length, recomputed) * tokens_per_second
+    return {"model_tflops_per_s": model / 1e12, "mfu": None if peak is None else model / (peak * 1e12),
+            "hfu": None if peak is None else hardware / (peak * 1e12)}
 
 
 def preset_learner_settings(path: Path = PRESET) -> dict:
@@ -135,18 +151,14 @@ def check_scale(tmp: Path, device: str, small: bool, sizes: tuple, peak: float |
     sequences = make_sequences(count, prompt_len, response_len, learner.vocab_size)
     result = timed_steps(learner, sequences, device, repeats=2)
     length = prompt_len + response_len
-    model_flops = flops_per_token(shape, length, recomputed=False) * result["tokens_per_second"]
-    hardware_flops = flops_per_token(shape, length, settings["activation_checkpointing"]) * result["tokens_per_second"]
+    rates = utilisation(shape, length, result["tokens_per_second"], peak, settings["activation_checkpointing"])
     figures = {"shape": "small" if small else "qwen3-1.7b", "preset": settings["preset"], "dtype": dtype,
                "sequences": count, "sequence_tokens": length, "tokens": result["tokens"],
                "max_tokens_per_micro_batch": budget, "activation_checkpointing": settings["activation_checkpointing"],
                "compile": settings["compile"],
                "micro_batches": result["stats"]["micro_batches"], "attention": attention,
                "seconds": result["seconds"], "tokens_per_second": result["tokens_per_second"],
-               "peak_memory_gb": peak_memory_gb(device), "model_tflops_per_s": model_flops / 1e12,
-               "mfu": None if peak is None else model_flops / (peak * 1e12),
-               "hfu": None if peak is None else hardware_flops / (peak * 1e12),
-               "grad_norm": result["stats"]["grad_norm"]}
+               "peak_memory_gb": peak_memory_gb(device), **rates, "grad_norm": result["stats"]["grad_norm"]}
     del learner, result
     gc.collect()  # FSDP's hooks hold reference cycles: the 1.7B model and its optimizer state go only now
     if device.startswith("cuda"):
@@ -275,6 +287,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "value (weight sync needs engine and learner)")
     add_json_option(parser)
     args = parser.parse_args(argv)
+    if args.peak_tflops is not None and not args.peak_tflops > 0:
+        parser.error(f"--peak-tflops {args.peak_tflops:g}: a peak is a positive number of TFLOP/s")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible (use --device cpu --small for a smoke run)")
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
