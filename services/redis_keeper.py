@@ -54,7 +54,8 @@ class EmbeddedRedisKeeper:
 
     def watch(self, interval_s: float = 1.0) -> "EmbeddedRedisKeeper":
         """Check every interval_s from a daemon thread until stop(). A server that thread starts is stopped when
-        the thread ends: call stop() after the handle is closed."""
+        the thread ends (by the thread itself, and by Linux's parent-death signal, which also covers the process
+        being killed: services.redis_server): call stop() after the handle is closed."""
         if self.handle.embedded and self._thread is None:
             self._thread = threading.Thread(target=self._watch, args=(interval_s,), name="pcl-redis-keeper",
                                             daemon=True)
@@ -62,11 +63,18 @@ class EmbeddedRedisKeeper:
         return self
 
     def _watch(self, interval_s: float) -> None:
-        while not self._stopped.wait(interval_s) and self.error is None:
-            try:
-                self._keep(die_with_thread=True)  # this thread lasts as long as the run: the server with it
-            except RedisUnavailable as exc:
-                self.error = exc
+        started = None  # the server process this thread started, which ends with it
+        try:
+            while not self._stopped.wait(interval_s) and self.error is None:
+                try:
+                    if self._keep(die_with_thread=True):  # this thread lasts as long as the run: the server with it
+                        started = self.handle.process
+                except RedisUnavailable as exc:
+                    self.error = exc
+        finally:
+            with self._lock:
+                if started is not None and self.handle.process is started:
+                    self.handle.stop()
 
     def stop(self) -> None:
         self._stopped.set()
@@ -78,14 +86,15 @@ class EmbeddedRedisKeeper:
             raise self.error
         self._keep(die_with_thread=None)
 
-    def _keep(self, die_with_thread: bool | None) -> None:
+    def _keep(self, die_with_thread: bool | None) -> bool:
         with self._lock:
-            self._revive(die_with_thread)
+            return self._revive(die_with_thread)
 
-    def _revive(self, die_with_thread: bool | None) -> None:
+    def _revive(self, die_with_thread: bool | None) -> bool:
+        """Start the server again if it has exited; returns whether it did."""
         why = self.handle.exit_reason() if self.handle.embedded else None
         if why is None:
-            return
+            return False
         if self.restarts >= self.limit:
             raise RedisUnavailable(f"the embedded Redis exited again ({why}) after {self.restarts} restarts "
                                    f"(checkpoint.max_restarts); on a full disk, free space under "
@@ -94,3 +103,4 @@ class EmbeddedRedisKeeper:
         print(f"pcl: the embedded Redis exited ({why}); restarting it (restart {self.restarts} of {self.limit})",
               file=sys.stderr, flush=True)
         self.handle.revive(die_with_thread)
+        return True

@@ -14,8 +14,19 @@ half the kernel time of loopback TCP), and on a free 127.0.0.1 port (`handle.tcp
 loses no write that Redis acknowledged. Its `maxmemory` is `redis.maxmemory_mb` (a quarter of the machine's memory
 when unset) with the noeviction policy: a full server refuses writes, which the workers treat as backpressure
 (services.streams.queues), rather than growing until the kernel's OOM killer ends it. The embedded server stops on
-`close()`, at interpreter exit, and (Linux, when started from the main thread) when the process that started it
-dies.
+`close()`, at interpreter exit, and (Linux with util-linux, when started from the main thread) when the process
+that started it dies.
+
+No Python code runs between fork and exec: a driver is full of threads (Ray's, gloo's, the keeper's), and a forked
+child that runs Python there (a `preexec_fn`) can crash or deadlock on a lock or a process group another thread
+held, leaving the run without Redis. The "die with its starter" signal is set by util-linux's `setpriv
+--pdeathsig TERM`, which execs redis-server after `prctl(PR_SET_PDEATHSIG)`. Linux sends that signal when the
+*thread* that forked the server ends, so it is only asked for from the main thread (whose end is the process's) or
+from a thread that lasts as long as the server's use (`EmbeddedRedisKeeper`'s, which also stops the server it
+started when it ends). Where `setpriv` is missing (a minimal image without util-linux, not Linux), the server is
+started without it: `close()`, the atexit hook and the keeper's thread still stop it, but a driver killed by
+SIGKILL leaves it running. (util-linux is an essential package on Debian; the deploy images use an external
+Redis through `REDIS_URL` anyway.)
 
 A configured server that does not answer raises `RedisUnavailable` naming the URL (password masked).
 """
@@ -23,7 +34,7 @@ A configured server that does not answer raises `RedisUnavailable` naming the UR
 from __future__ import annotations
 
 import atexit
-import ctypes
+import functools
 import importlib.util
 import logging
 import os
@@ -110,14 +121,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: ask Linux to SIGTERM the server when the thread that started it dies (so only
-    used from the main thread, whose end is the process's end, or a thread that lasts as long as the server's
-    use: EmbeddedRedisKeeper's)."""
+@functools.lru_cache(maxsize=1)
+def _die_with_starter() -> tuple[str, ...]:
+    """The command prefix that makes Linux SIGTERM the server when the thread that started it ends: util-linux's
+    `setpriv --pdeathsig TERM --` (2.33 and later), or () where there is none (the server is then stopped by
+    close(), atexit and the keeper only)."""
+    setpriv = shutil.which("setpriv") or next(
+        (path for path in ("/usr/bin/setpriv", "/bin/setpriv") if os.access(path, os.X_OK)), None)
+    if setpriv is None or not sys.platform.startswith("linux"):
+        return ()
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
-    except OSError:
-        pass  # not Linux: close() and atexit still stop the server
+        usage = subprocess.run([setpriv, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return (setpriv, "--pdeathsig", "TERM", "--") if "--pdeathsig" in usage else ()
 
 
 class RedisHandle:
@@ -143,6 +160,11 @@ class RedisHandle:
     @property
     def embedded(self) -> bool:
         return self.data_dir is not None
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        """The embedded server's process, running or exited (None for an external server or after close())."""
+        return self._process
 
     @property
     def pid(self) -> int | None:
@@ -188,6 +210,10 @@ class RedisHandle:
             self._process = _spawn(self.data_dir, int(urlsplit(self.tcp_url).port), self.appendonly,
                                    urlsplit(self.url).path, maxmemory=self.maxmemory, die_with_thread=die_with_thread)
         return why
+
+    def stop(self) -> None:
+        """Stop the embedded server cleanly and leave it stopped (revive() starts it again); clients stay open."""
+        self._stop(kill=False)
 
     def close(self) -> None:
         for client in self._clients:
@@ -261,9 +287,10 @@ def _spawn(data_dir: Path, port: int, appendonly: bool, socket_path: str, timeou
     ]) + "\n")
     if die_with_thread is None:
         die_with_thread = threading.current_thread() is threading.main_thread()
-    process = subprocess.Popen([str(redis_server_binary()), str(conf)], stdin=subprocess.DEVNULL,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                               preexec_fn=_die_with_parent if die_with_thread else None)
+    prefix = _die_with_starter() if die_with_thread else ()
+    # No preexec_fn: nothing but the exec runs in the child (see the module's docstring).
+    process = subprocess.Popen([*prefix, str(redis_server_binary()), str(conf)], stdin=subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"unix://{socket_path}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

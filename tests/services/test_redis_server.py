@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +13,7 @@ from pcl.config import RedisConfig, load_config
 from services.redis_server import RedisUnavailable, connect, make_client, masked, open_redis, ping, start_embedded
 
 pytestmark = pytest.mark.redis
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_embedded_server_starts_with_aof_and_stops_on_close(tmp_path):
@@ -172,3 +175,81 @@ def test_the_keepers_thread_restarts_a_killed_server_while_the_driver_is_busy_el
         finally:
             handle.close()
             keep.stop()
+
+
+@pytest.mark.parametrize("setpriv", [True, False], ids=["setpriv", "no-setpriv"])
+def test_a_server_the_keepers_thread_started_stops_when_the_thread_ends(tmp_path, monkeypatch, setpriv):
+    """Without util-linux's setpriv (no parent-death signal) the keeper's thread stops what it started itself."""
+    import signal
+
+    import services.redis_server as redis_server
+    from services.redis_keeper import EmbeddedRedisKeeper
+
+    if not setpriv:
+        monkeypatch.setattr(redis_server, "_die_with_starter", lambda: ())
+    elif not redis_server._die_with_starter():
+        pytest.skip("util-linux's setpriv with --pdeathsig is not installed")
+    with start_embedded(tmp_path / "redis", appendonly=False) as handle:
+        keep = EmbeddedRedisKeeper(handle, limit=3).watch(interval_s=0.1)
+        try:
+            os.kill(handle.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while keep.restarts == 0 or not ping(handle.url):
+                assert time.monotonic() < deadline, "the keeper's thread did not restart the server"
+                time.sleep(0.05)
+            revived = handle.process
+        finally:
+            keep.stop()
+        assert revived.poll() is not None and not ping(handle.url, timeout_s=0.3)
+
+
+def _ended(pid: int) -> bool:
+    """The process is gone, or a zombie nobody has reaped yet (its parent was killed)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_redis_starts_without_python_in_the_forked_child_and_ends_with_the_thread_or_process_that_started_it(
+        tmp_path):
+    """A driver holds a gloo process group and many threads; a forked child that ran Python before exec (a
+    `preexec_fn`) once crashed tearing that group down, leaving the run without Redis. Started from the main
+    thread and from the keeper's, no Python code runs in the child; the server still ends when the thread that
+    started it ends, and when the process is SIGKILLed (no atexit, no close())."""
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    log = open(tmp_path / "worker.log", "w")  # noqa: SIM115
+    worker = subprocess.Popen([sys.executable, "-m", "tests.services.redis_fork_worker", str(tmp_path)], cwd=REPO,
+                              env=env, stdout=log, stderr=subprocess.STDOUT)
+    ready, pids = tmp_path / "ready.json", []
+    try:
+        deadline = time.monotonic() + 180
+        while not ready.exists():
+            assert worker.poll() is None, (tmp_path / "worker.log").read_text()
+            assert time.monotonic() < deadline, "the worker did not start: " + (tmp_path / "worker.log").read_text()
+            time.sleep(0.1)
+        seen = json.loads(ready.read_text())
+        pids = [seen["revived"], seen["other"]]
+        assert not (tmp_path / "forked-child-ran-python").exists(), "Python ran between fork and exec"
+        assert seen["revived"] != seen["first"] and ping(seen["tcp_url"])
+        assert seen["value"] == "v" and seen["maxmemory"] == 32 * 2**20
+        assert seen["brief_ended"], "a server revived from a thread outlived it"
+        worker.kill()
+        worker.wait()
+        deadline = time.monotonic() + 60
+        while not all(_ended(pid) for pid in pids):
+            assert time.monotonic() < deadline, "a server outlived the process that started it"
+            time.sleep(0.05)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        log.close()
+        for pid in pids:
+            if not _ended(pid):
+                os.kill(pid, signal.SIGKILL)
