@@ -147,13 +147,13 @@ class PolicyLearner:
         Args:
             sequences: this rank's sequences, dicts with prompt_token_ids, response_token_ids (non-empty
                 lists of ids), advantage (float) and optionally response_logprobs (the engine's log p of each
-                sampled token); may be empty.
+                sampled token, finite and <= 0); may be empty. A bad share raises ValueError on every rank.
             num_sequences: the number of sequences of the whole step over all ranks (the loss divisor).
 
         Returns:
             loss (the whole batch's, equal on all ranks), grad_norm (global, before clipping),
             num_tokens (this rank's response tokens), seconds (this rank's wall time), step_skipped
-            (1.0 when the gradient norm was not finite and the update was skipped), micro_batches (this
+            (1.0 when the loss or the gradient norm was not finite and the update was skipped), micro_batches (this
             rank's passes), learner_padding_ratio (padding's share of the tokens computed, all ranks); with
             response_logprobs on any rank, logprob_gap_mean and logprob_gap_max: |log p_engine - log p_learner|
             over the sampled tokens of all ranks; with an off-policy correction (which refuses a sequence without
@@ -188,14 +188,15 @@ class PolicyLearner:
             computed += batch.input_ids.numel()
             padded += batch.padded_tokens
         grad_norm = self._clip_gradients()
-        skipped = not math.isfinite(grad_norm)
+        stats = figures.stats(self._agree, bool(any_engine), computed, padded)  # the loss, equal on every rank
+        skipped = not (math.isfinite(grad_norm) and math.isfinite(stats["loss"]))
         if not skipped:
             self.optimizer.step()
             self.steps += 1
         self.optimizer.zero_grad(set_to_none=True)
-        return {**figures.stats(self._agree, bool(any_engine), computed, padded), "grad_norm": grad_norm,
-                "num_tokens": float(num_tokens), "seconds": time.perf_counter() - start,
-                "step_skipped": float(skipped), "micro_batches": float(len(chunks))}
+        return {**stats, "grad_norm": grad_norm, "num_tokens": float(num_tokens),
+                "seconds": time.perf_counter() - start, "step_skipped": float(skipped),
+                "micro_batches": float(len(chunks))}
 
     def _forward_backward(self, batch: MicroBatch, num_sequences: int, figures: StepFigures) -> None:
         """Accumulate this micro-batch's gradient (FSDP2 reduce-scatters it into the sharded grads); adds its

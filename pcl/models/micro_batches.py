@@ -12,11 +12,13 @@ Sequences are packed longest first, so sequences of similar length share a micro
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Sequence
 
+import numpy as np
 import torch
 
 PAD_ID = 0  # any valid id: padded positions are masked out of attention and loss
@@ -141,4 +143,28 @@ def check_sequences(sequences: Sequence[dict], num_sequences: int, vocab_size: i
         if logprobs is not None and len(logprobs) != len(seq["response_token_ids"]):
             return (f"sequence {index}: response_logprobs has {len(logprobs)} entries for "
                     f"{len(seq['response_token_ids'])} response tokens")
+    return _check_logprobs(sequences)
+
+
+def _check_logprobs(sequences: Sequence[dict]) -> str | None:
+    """The first sequence whose engine log-probabilities are not all finite numbers <= 0 (a NaN or an infinity would
+    poison the off-policy weights and the log-prob gaps), named; one vectorised pass over the whole share, the
+    sequence and token only looked for when it fails."""
+    given = [(index, seq["response_logprobs"]) for index, seq in enumerate(sequences)
+             if seq.get("response_logprobs") is not None]
+    try:
+        values = np.fromiter(itertools.chain.from_iterable(lp for _, lp in given), dtype=np.float64)
+    except (TypeError, ValueError):
+        values = None  # not numbers: named below
+    if values is not None and (not values.size or (values.min() > -math.inf and values.max() <= 0)):
+        return None  # NaN fails both comparisons
+    for index, logprobs in given:
+        try:
+            row = np.asarray(logprobs, dtype=np.float64)
+        except (TypeError, ValueError):
+            return f"sequence {index}: response_logprobs must hold numbers"
+        bad = np.flatnonzero(~(np.isfinite(row) & (row <= 0)))
+        if bad.size:
+            return (f"sequence {index}: response_logprobs[{bad[0]}] is {row[bad[0]]} ({bad.size} of {row.size} "
+                    f"not finite numbers <= 0): the engine's log-probabilities cannot weigh the loss")
     return None

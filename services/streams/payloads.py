@@ -19,7 +19,9 @@ be turned into exactly-once collection (see `services.streams.collector.StepColl
 
 Token ids are packed little-endian uint32 bytes (`pack_tokens` / `unpack_tokens`), never JSON lists: a
 2,048-token sample is 8 KiB on the wire and decodes with one `numpy.frombuffer`. The engine's log-probability of each
-sampled token travels the same way, packed little-endian float32 (`pack_logprobs` / `unpack_logprobs`).
+sampled token travels the same way, packed little-endian float32 (`pack_logprobs` / `unpack_logprobs`); a result whose
+log-probabilities are not all finite numbers <= 0 does not decode (`BadLogprobs`, naming its key), so its consumer
+dead-letters the entry like any malformed one (`services.streams.refusals` says what the coordinator does then).
 
 Wire format (version 4): every entry is one MessagePack array `[version, tag, layout, body]`, so any
 MessagePack reader can open it. Its first four bytes are fixed (0x94, then three small integers) and are
@@ -54,6 +56,15 @@ LOGPROB_DTYPE = np.dtype("<f4")  # a sampled token's log-probability as the engi
 
 class PayloadError(ValueError):
     """Bytes that are not an encoded record, or a record with a field out of range."""
+
+
+class BadLogprobs(PayloadError):
+    """A result whose engine log-probabilities are not log-probabilities (NaN, infinite, or above 0); `key` names
+    the record, so the coordinator can tell which request's output was refused (`services.streams.refusals`)."""
+
+    def __init__(self, message: str, key: "RecordKey"):
+        super().__init__(message)
+        self.key = key
 
 
 class RecordKey(NamedTuple):
@@ -94,6 +105,27 @@ def unpack_logprobs(packed: bytes) -> np.ndarray:
     if len(packed) % LOGPROB_DTYPE.itemsize:
         raise PayloadError(f"packed log-probabilities have {len(packed)} bytes, not a multiple of 4")
     return np.frombuffer(packed, dtype=LOGPROB_DTYPE)
+
+
+def check_logprobs(records: Sequence["RolloutResult"]) -> None:
+    """BadLogprobs naming the first record whose log-probabilities are not all finite and <= 0 (a NaN or an infinity
+    from the engine would poison the learner's off-policy weights and log-prob gaps). One vectorised pass over the
+    whole entry's values; the record and token are only looked for when it fails."""
+    packed = b"".join(record.logprobs for record in records)
+    if not packed:
+        return
+    values = np.frombuffer(packed, dtype=LOGPROB_DTYPE)
+    if values.min() > -np.inf and values.max() <= 0:  # NaN fails both comparisons
+        return
+    for record in records:
+        logprobs = unpack_logprobs(record.logprobs)
+        bad = np.flatnonzero(~(np.isfinite(logprobs) & (logprobs <= 0)))
+        if bad.size:
+            key = record.key
+            raise BadLogprobs(f"{type(record).__name__} of run {key.run!r}, step {key.step}, prompt {key.prompt_id!r}, "
+                              f"sample {key.sample_index} (policy version {key.policy_version}): engine "
+                              f"log-probability {logprobs[bad[0]]} at response token {bad[0]} ({bad.size} of "
+                              f"{logprobs.size} tokens not a finite number <= 0)", key)
 
 
 def _check_packed(name: str, packed: bytes) -> None:
@@ -263,6 +295,7 @@ _RESULT_FIELDS = operator.attrgetter(*RolloutResult.__struct_fields__)
 
 _TAGS = {RequestRecord: 1, RolloutResult: 2, RewardRecord: 3, RewardNote: 4}
 _BY_TAG = {tag: cls for cls, tag in _TAGS.items()}
+_WITH_LOGPROBS = frozenset(tag for cls, tag in _TAGS.items() if "logprobs" in cls.__struct_fields__)
 SINGLE, GROUP, GROUP_SHARED_PROMPT = 0, 1, 2  # the entry's layout (module docstring)
 SHARED_MIN = 64  # a shorter common prompt is repeated: sending it once would save less than it costs
 _HEADER = 4  # bytes: fixarray of 4 (0x94), version, tag, layout, each a positive fixint
@@ -338,21 +371,30 @@ def _decode_body(data: bytes | memoryview, tag: int, layout: int):
 
 
 def decode(data: bytes | memoryview) -> Record:
-    """The bytes of a single-record entry -> the record. Raises PayloadError naming what is wrong."""
+    """The bytes of a single-record entry -> the record. Raises PayloadError naming what is wrong (BadLogprobs for a
+    result whose log-probabilities are not finite numbers <= 0)."""
     tag, layout = _header(data)
     if layout != SINGLE:
         raise PayloadError(f"payload holds a group of {_BY_TAG[tag].__name__}s; read it with decode_entry")
-    return _decode_body(data, tag, layout)
+    record = _decode_body(data, tag, layout)
+    if tag in _WITH_LOGPROBS:
+        check_logprobs([record])
+    return record
 
 
 def decode_entry(data: bytes | memoryview) -> list[Record]:
-    """The records of one stream entry written by encode_entry (a single record gives a list of one)."""
+    """The records of one stream entry written by encode_entry (a single record gives a list of one); PayloadError
+    as `decode`."""
     tag, layout = _header(data)
     body = _decode_body(data, tag, layout)
-    if layout == SINGLE:
-        return [body]
-    if layout == GROUP:
-        return body
+    records = [body] if layout == SINGLE else body if layout == GROUP else _shared_prompt(body)
+    if tag in _WITH_LOGPROBS:
+        check_logprobs(records)
+    return records
+
+
+def _shared_prompt(body: tuple[bytes, list[Record]]) -> list[Record]:
+    """The records of a group that sends its prompt once, each given that prompt back."""
     prompt, records = body
     if len(prompt) % TOKEN_DTYPE.itemsize:
         raise PayloadError(f"record group's shared prompt has {len(prompt)} bytes, not packed uint32")

@@ -32,6 +32,7 @@ per step.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ import redis
 
 from services.streams.heap import keep_freed_heap
 from services.streams.redis_full import MemoryWait, cap_stream_bytes
-from services.streams.payloads import PayloadError, Record, decode_entry, encode_entry
+from services.streams.payloads import PayloadError, Record, RecordKey, decode_entry, encode_entry
 from services.streams.upkeep import PAYLOAD_FIELD, StreamUpkeep, id_key
 
 log = logging.getLogger(__name__)
@@ -191,8 +192,8 @@ class WorkQueue(StreamUpkeep):
                 continue
             try:
                 records = decode_entry(payload)
-            except PayloadError as exc:
-                self._dead_letter(entry_id, payload, count, f"undecodable: {exc}")
+            except PayloadError as exc:  # a result's bad numbers name its record: the letter keeps the key
+                self._dead_letter(entry_id, payload, count, f"undecodable: {exc}", getattr(exc, "key", None))
                 continue
             self._held.add(entry_id)
             deliveries.append(Delivery(entry_id, records, count, payload))
@@ -265,11 +266,15 @@ class WorkQueue(StreamUpkeep):
         self.release([delivery])
         return False
 
-    def _dead_letter(self, entry_id: str, payload: bytes, deliveries: int, reason: str) -> None:
-        """Move one entry to the dead-letter stream with its error, ack it and count it, atomically."""
+    def _dead_letter(self, entry_id: str, payload: bytes, deliveries: int, reason: str,
+                     key: RecordKey | None = None) -> None:
+        """Move one entry to the dead-letter stream with its error (and the key of the record it names, when known),
+        ack it and count it, atomically."""
         log.error("%s: entry %s dead-lettered to %s: %s", self.stream, entry_id, self.dead_stream, reason)
         letter = {b"payload": payload, b"error": reason[:4000], b"entry_id": entry_id, b"deliveries": deliveries,
                   b"consumer": self.consumer}
+        if key is not None:
+            letter[b"key"] = json.dumps(list(key))
 
         def write() -> None:
             pipe = self.client.pipeline(transaction=True)

@@ -4,7 +4,9 @@
 verified samples: it puts each request's `RequestRecord` on the request stream, in one chunk (stream entry) per
 live rollout worker so that every worker generates its share (`request_chunks`), collects exactly one `RewardNote`
 per (prompt, sample index) from the reward stream and joins each with the result it points at (read back from the
-results stream) into a `RewardRecord`, then trims the streams (the step is committed).
+results stream) into a `RewardRecord`, then trims the streams (the step is committed). A request whose output the
+verifiers refuse (its log-probabilities are not finite numbers <= 0) is asked for once more, and a second refusal
+stops the run naming it (`services.streams.refusals`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pcl.loop.batch import Sample
 from pcl.config import Config
 from services.streams.payloads import TOKEN_DTYPE, RequestRecord, unpack_logprobs, unpack_tokens
 from services.streams.collector import StepCollector
+from services.streams.refusals import Refusals
 from services.streams.topology import STREAMS, open_role, stream_key
 
 log = logging.getLogger(__name__)
@@ -106,10 +109,11 @@ class RolloutClient:
             return []
         run = f"{self.run}:{tag}" if tag else self.run
         records = self._records(run, step, policy_version, requests)
+        refusals = Refusals(self.results, records)  # before the put: every later refusal may be about them
         self.requests.put(request_chunks(records, self.live_workers(), self.cfg.rollout.max_in_flight))
         collector = StepCollector(run, step, policy_version, {(r.prompt_id, i) for r in requests for i in r.indices},
                                   resolve=self.results.join)
-        self._collect(collector, step, on_wait, on_progress)
+        self._collect(collector, refusals, step, on_wait, on_progress)
         self.dropped.update(collector.dropped())
         batch = collector.batch()
         self._count(batch, step, own=not tag)
@@ -131,9 +135,10 @@ class RolloutClient:
                         for r in requests]
         return [RequestRecord.of(run, step, policy_version, r) for r in requests]
 
-    def _collect(self, collector: StepCollector, step: int, on_wait, on_progress) -> None:
+    def _collect(self, collector: StepCollector, refusals: Refusals, step: int, on_wait, on_progress) -> None:
         """Take verified records until the collector holds every sample it expects, or rollout.step_timeout_s
-        passes (TimeoutError)."""
+        passes (TimeoutError). While none come, a request whose output was refused at the wire is put again, once
+        (`services.streams.refusals`: RefusedTwice the second time)."""
         timeout_s = self.cfg.rollout.step_timeout_s
         deadline = time.monotonic() + timeout_s
         next_check = time.monotonic() + WAIT_CHECK_S
@@ -145,6 +150,8 @@ class RolloutClient:
                 raise TimeoutError(f"step {step}: {len(collector.missing)} of {len(collector.expected)} samples "
                                    f"not verified within rollout.step_timeout_s={timeout_s:g}s")
             deliveries = self.rewards.take(4096)
+            if not deliveries and (again := refusals.check(collector.missing)):
+                self.requests.put(again)
             before = len(collector.records)
             collector.offer_all(r for d in deliveries for r in d.records)
             self.rewards.ack(deliveries)

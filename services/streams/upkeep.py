@@ -33,6 +33,10 @@ def _id_before(entry_id: str) -> str:
     return f"{ms}-{seq - 1}" if seq else f"{ms - 1}-{2**64 - 1}"
 
 
+def _letter(fields: dict[bytes, bytes]) -> dict[str, object]:
+    return {key.decode(): (value if key == b"payload" else value.decode()) for key, value in fields.items()}
+
+
 class StreamUpkeep:
     """Reading back, inspecting and trimming one stream (a base of WorkQueue, which sets the attributes)."""
 
@@ -93,10 +97,22 @@ class StreamUpkeep:
         return int(self._retry("GET", lambda: self.client.get(self.dead_count_key)) or 0)
 
     def dead_letters(self, count: int = 100) -> list[dict[str, object]]:
-        """The newest dead letters: entry_id, error, deliveries, consumer and the raw payload."""
+        """The newest dead letters: entry_id, error, deliveries, consumer, the raw payload and, for a record refused
+        for its numbers, key (the record's idempotency key as a JSON list)."""
         entries = self._retry("XREVRANGE", lambda: self.client.xrevrange(self.dead_stream, count=count))
-        return [{key.decode(): (value if key == b"payload" else value.decode()) for key, value in fields.items()}
-                for _, fields in entries]
+        return [_letter(fields) for _, fields in entries]
+
+    def dead_letters_after(self, letter_id: str, count: int = 100) -> list[tuple[str, dict[str, object]]]:
+        """(letter id, letter) of the oldest `count` dead letters written after `letter_id` ("0-0": from the first),
+        as `dead_letters` reads them."""
+        entries = self._retry("XRANGE", lambda: self.client.xrange(self.dead_stream, f"({letter_id}", "+",
+                                                                   count=count))
+        return [(letter_id.decode(), _letter(fields)) for letter_id, fields in entries]
+
+    def dead_tail_id(self) -> str:
+        """Id of the newest dead letter, "0-0" when there is none."""
+        newest = self._retry("XREVRANGE", lambda: self.client.xrevrange(self.dead_stream, count=1))
+        return newest[0][0].decode() if newest else "0-0"
 
     def depth(self) -> int:
         """Entries of this group not yet acknowledged: pending plus not yet delivered."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import random
 import socket
@@ -248,6 +249,33 @@ def _run_bad_share(model_dir: str, out: Path, rank: int, world_size: int, device
     _save(out, "bad", rank, {"message": message, "next_loss": ok["loss"]})
 
 
+def _run_poisoned(model_dir: str, out: Path, rank: int, world_size: int, device: str) -> None:
+    """The last rank's share carries a NaN engine log-probability (every rank must raise, before any pass); then a
+    share whose advantage overflows the gradient (every rank skips the step); then a good step."""
+    from pcl.models.learner import OffPolicySettings
+
+    learner = _learner(model_dir, rank, world_size, device, off_policy=OffPolicySettings("truncated", 2.0))
+    share = [{**seq, "response_logprobs": [-1.0] * len(seq["response_token_ids"])}
+             for seq in make_sequences(4, seed=3)[rank::world_size]]
+    stats: dict = {}
+    if rank == world_size - 1:
+        nan = [math.nan] * len(share[1]["response_token_ids"])
+        poisoned = [share[0], {**share[1], "response_logprobs": nan}]
+    else:
+        poisoned = share
+    try:
+        learner.train_step(poisoned, 4)
+    except ValueError as exc:
+        stats["refused"] = str(exc)
+    before = learner.full_state_dict()
+    overflow = [{**seq, "advantage": 3e38} for seq in share]  # finite, but its gradient is not
+    stats["overflow"] = learner.train_step(overflow, 4)
+    after_overflow = learner.full_state_dict()
+    stats["next"] = learner.train_step(share, 4)
+    _save(out, "poisoned", rank, stats, {"before": before, "after_overflow": after_overflow,
+                                         "after_next": learner.full_state_dict()})
+
+
 def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_dir: str, scenarios: list[str],
                backend: str, device: str) -> None:
     import torch.distributed as dist
@@ -264,6 +292,8 @@ def _rank_main(rank: int, world_size: int, port: int, model_dir: str, out_dir: s
                 _run_planted(model_dir, Path(out_dir), rank, world_size, device)
             elif name == "bad":
                 _run_bad_share(model_dir, Path(out_dir), rank, world_size, device)
+            elif name == "poisoned":
+                _run_poisoned(model_dir, Path(out_dir), rank, world_size, device)
             elif name == "gap":
                 _run_gap(model_dir, Path(out_dir), rank, world_size, device)
             elif name == "off_policy":

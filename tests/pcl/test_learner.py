@@ -59,7 +59,7 @@ def reference_step(model_dir, sequences, num_sequences: int, grad_clip: float | 
 def two_ranks(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("learner_2")
     return worker.run_ranks(2, tiny_model_dir, out, ["mbs1", "mbs4", "clip", "resume", "unsharded", "bad",
-                                                   "tokens", "ckpt", "both", "gap", "off_policy"])
+                                                   "poisoned", "tokens", "ckpt", "both", "gap", "off_policy"])
 
 
 @pytest.fixture(scope="module")
@@ -113,6 +113,12 @@ def test_collate_masks_only_response_tokens_and_right_pads():
     ([{"prompt_token_ids": [1], "response_token_ids": [2]}], 1, "missing keys ['advantage']"),
     ([{"prompt_token_ids": [1], "response_token_ids": [2], "advantage": math.nan}], 1, "advantage is nan"),
     ([{"prompt_token_ids": [1], "response_token_ids": [2], "advantage": 1.0}] * 2, 1, "num_sequences"),
+    *[([{"prompt_token_ids": [1], "response_token_ids": [2, 3], "advantage": 1.0, "response_logprobs": [-0.5, -1.0]},
+        {"prompt_token_ids": [1], "response_token_ids": [2, 3], "advantage": 1.0, "response_logprobs": [-0.5, bad]}],
+       2, f"sequence 1: response_logprobs[1] is {bad} (1 of 2 not finite numbers <= 0)")
+      for bad in (math.nan, math.inf, -math.inf, 0.25)],
+    ([{"prompt_token_ids": [1], "response_token_ids": [2], "advantage": 1.0, "response_logprobs": ["x"]}], 1,
+     "sequence 0: response_logprobs must hold numbers"),
 ])
 def test_check_sequences_names_the_bad_input(sequences, count, expected):
     assert expected in check_sequences(sequences, count, vocab_size=32)
@@ -121,6 +127,9 @@ def test_check_sequences_names_the_bad_input(sequences, count, expected):
 def test_check_sequences_accepts_an_empty_share_and_valid_ones():
     assert check_sequences([], 3, vocab_size=32) is None
     assert check_sequences(worker.make_sequences(4, seed=0), 4, vocab_size=32) is None
+    certain = {"prompt_token_ids": [1], "response_token_ids": [2, 3], "advantage": 1.0,
+               "response_logprobs": [0.0, -0.0]}  # a token the engine was certain of
+    assert check_sequences([certain, {**certain, "response_logprobs": (-1e30, -3.5)}], 2, vocab_size=32) is None
 
 
 def test_backend_resolution_and_missing_process_group(tiny_model_dir):
@@ -232,6 +241,20 @@ def test_bad_share_raises_on_every_rank_and_the_group_survives(two_ranks):
     assert "sequence 1: response_token_ids is empty" in last["message"]
     assert "another learner rank rejected" in first["message"]
     assert math.isfinite(first["next_loss"]) and first["next_loss"] == last["next_loss"]
+
+
+def test_poisoned_batches_are_refused_or_skipped_on_every_rank_and_the_group_survives(two_ranks):
+    """A NaN engine log-probability on one rank is refused by name on every rank before any pass; an advantage large
+    enough to overflow the gradient gives a step that every rank skips (weights untouched); the next step trains."""
+    first, last = _stats(two_ranks, "poisoned", 0), _stats(two_ranks, "poisoned", 1)
+    assert "sequence 1: response_logprobs[0] is nan" in last["refused"]
+    assert "another learner rank rejected" in first["refused"]
+    for stats in (first, last):
+        assert stats["overflow"]["step_skipped"] == 1.0 and not math.isfinite(stats["overflow"]["grad_norm"])
+        assert stats["next"]["step_skipped"] == 0.0 and math.isfinite(stats["next"]["loss"])
+    weights = _weights(two_ranks, "poisoned")
+    assert _max_diff(weights["after_overflow"], weights["before"]) == 0.0
+    assert _max_diff(weights["after_next"], weights["before"]) > 1e-4
 
 
 def test_token_budget_packs_micro_batches_and_reports_the_padding(two_ranks):

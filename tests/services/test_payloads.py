@@ -258,3 +258,30 @@ def test_logprobs_and_the_worker_travel_with_the_result():
     assert reward.logprobs == back.logprobs and reward.reward == 1.0
     with pytest.raises(PayloadError, match="logprobs"):
         make_result(tokens=tokens, logprobs=pack_logprobs(logprobs[:3]))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), 0.5])
+def test_a_result_whose_logprobs_are_not_finite_and_at_most_0_does_not_decode_and_names_its_record(bad):
+    """Length is not enough: a NaN, an infinity or a positive log-probability from the engine is refused on decoding
+    (single records, groups and groups sharing their prompt, results and rewards alike), naming the record by its key
+    and the token; 0 and -0 are log-probabilities (a certain token)."""
+    from services.streams.payloads import BadLogprobs, pack_logprobs
+
+    good = pack_logprobs([-0.5, 0.0, -0.0, -20.0])
+    poisoned = pack_logprobs([-0.5, -1.0, bad, -2.0])
+    tokens, prompt = (5, 6, 7, 8), pack_tokens(range(32))  # a 128-byte prompt: groups send it once
+    fine = make_result(tokens=tokens, logprobs=good, prompt_token_ids=prompt)
+    sick = make_result(tokens=tokens, logprobs=poisoned, sample_index=5, prompt_token_ids=prompt)
+    assert decode_entry(encode_entry([fine, fine]))[1].logprobs == good
+    own_prompt = msgspec.structs.replace(sick, prompt_token_ids=pack_tokens([9]))
+    rewards = [RewardRecord.from_result(r, 1.0, 0.0, False) for r in (fine, sick)]
+    entries = [encode(sick), encode_entry([fine, sick]), encode_entry([fine, own_prompt]), encode_entry(rewards)]
+    for entry in entries:
+        with pytest.raises(BadLogprobs, match=r"run 'tiny', step 3, prompt 'row-17', sample 5 \(policy version 3\): "
+                                              r"engine log-probability .* at response token 2 \(1 of 4 tokens"):
+            decode_entry(entry)
+        with pytest.raises(PayloadError) as refused:  # the consumer's existing dead-letter path catches it
+            decode_entry(entry)
+        assert refused.value.key == RecordKey("tiny", 3, "row-17", 5, 3)
+    with pytest.raises(BadLogprobs):
+        decode(encode(sick))

@@ -3,13 +3,15 @@ the StepCollector's exactly-once bookkeeping."""
 
 from __future__ import annotations
 
+import json
 import time
 
+import msgspec
 import pytest
 
 from pcl.engines import RolloutRequest, SamplingParams
 from services.streams.payloads import (RequestRecord, RewardNote, RewardRecord, RolloutResult, encode_entry,
-                                      pack_tokens)
+                                      pack_logprobs, pack_tokens)
 from services.streams.collector import StepCollector
 from services.streams.queues import QueueUnavailable, WorkQueue
 from services.redis_server import start_embedded
@@ -166,6 +168,27 @@ def test_a_request_with_invalid_sampling_is_dead_lettered_at_once(make_queue):
     errors = [letter["error"] for letter in queue.dead_letters()]
     assert queue.dead_letter_count() == 2 and all(e.startswith("undecodable") for e in errors), errors
     assert sorted(e.split("payload: ")[1].split(":")[0] for e in errors) == ["SamplingParams.n", "SamplingParams.top_p"]
+
+
+@pytest.mark.redis
+def test_a_result_with_a_nan_logprob_is_dead_lettered_at_once_with_its_key(make_queue):
+    """A result group one of whose samples carries a NaN engine log-probability is a malformed entry: dead-lettered
+    on its first take, the error naming the sample and the letter holding its key; the entry beside it is delivered."""
+    queue = make_queue(stream="rollout_results", block_ms=20)
+    logprobs = pack_logprobs([-0.25, -1.0])
+    samples = [RolloutResult("tiny", 4, "p9", j, 4, pack_tokens([1]), pack_tokens([2, 3]), "4", "stop", 0.1,
+                             logprobs=logprobs) for j in range(3)]
+    samples[1] = msgspec.structs.replace(samples[1], logprobs=pack_logprobs([-0.25, float("nan")]))
+    queue.put([samples, samples[:1]])
+    [delivery] = queue.take(10)
+    assert [r.sample_index for r in delivery.records] == [0]
+    [letter] = queue.dead_letters()
+    assert queue.dead_letter_count() == 1 and letter["deliveries"] == "1"
+    assert letter["error"].startswith("undecodable: RolloutResult of run 'tiny', step 4, prompt 'p9', sample 1 ")
+    assert "log-probability nan at response token 1" in letter["error"]
+    assert json.loads(letter["key"]) == ["tiny", 4, "p9", 1, 4]
+    [(letter_id, same)] = queue.dead_letters_after("0-0")  # read in order, after a cursor
+    assert same == letter and queue.dead_tail_id() == letter_id and queue.dead_letters_after(letter_id) == []
 
 
 @pytest.mark.redis
