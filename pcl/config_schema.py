@@ -208,6 +208,9 @@ class LearnerConfig(Section):
                           "embedding and gated activation; the first steps pay the compilation). For GPU runs.")
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig, description="The loss's correction for "
                                         "samples of another policy (off by default: the on-policy loss).")
+    max_skipped_steps: int = Field(3, ge=1, description="The run stops, naming the cause, after this many policy "
+                                   "steps in a row skipped for a non-finite loss or gradient norm (each is "
+                                   "counted in policy_skipped_steps_total).")
 
 
 class RedisConfig(Section):

@@ -94,6 +94,12 @@ class StepRecord:
     policy_loss: float | None = figure("Policy-gradient loss of the last step.", every_step=True)
     train_sequences: int | None = figure("Sequences of the last step's policy update (non-zero advantage).",
                                          every_step=True)
+    policy_skipped: int | None = figure("1 when the learner skipped the last policy step (non-finite loss or "
+                                        "gradient norm: the weights did not change), else 0.", every_step=True,
+                                        title="policy step skipped")
+    policy_skipped_steps_total: int | None = figure("Policy steps the learner skipped for a non-finite loss or "
+                                                    "gradient norm (learner.max_skipped_steps in a row stop the run).",
+                                                    "counter")
     learner_padding_ratio: float | None = figure("Padding's share of the tokens the last policy step computed "
                                                  "(micro-batches are padded to their longest sequence).",
                                                  every_step=True)

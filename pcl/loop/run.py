@@ -68,6 +68,7 @@ class TrainingRun:
             self.selections.append({"step": step + 1, "ids": loop.last_ids, "samples": loop.last_indices,
                                     "versions": loop.last_versions})
             self.control.publish(record, loop.policy_version)
+            loop.state.skipped.check(cfg.learner.max_skipped_steps)  # after the record: the last skip is logged too
             loop.state.step = step + 1
             steps_done += 1
             with self.clock.excluded():

@@ -97,6 +97,9 @@ def format_step_line(r: dict, total_steps: int) -> str:
             f"EV {f('value_explained_variance', '+.2f')}  gen {f('generation_seconds', '.2f')}s  "
             f"sel {f('selection_seconds', '.2f')}s  train {f('train_seconds', '.2f')}s  "
             f"sync {f('weight_sync_seconds', '.2f')}s  step {f('step_seconds', '.2f')}s")
+    if r.get("policy_skipped"):  # the weights did not change: say so where the user looks
+        line += (f"  policy step SKIPPED (loss {f('policy_loss', '.3g')}, grad norm {f('grad_norm', '.3g')}: "
+                 f"not finite; {r.get('policy_skipped_steps_total', '?')} skipped so far)")
     if r.get("eval_accuracy") is not None:
         line += f"  eval_acc {r['eval_accuracy']:.3f}" + _se(r.get("eval_accuracy_se"))
     if r.get("suite_average") is not None:

@@ -20,6 +20,7 @@ import numpy as np
 
 from pcl.data.prompts import PromptRecord
 from pcl.loop.ports import Clock, Pending, Ready
+from pcl.loop.skipped import SkippedPolicySteps
 
 PROBE_WINDOW = 4  # steps whose probes V's explained variance is measured over (one step's are noisy)
 
@@ -32,6 +33,7 @@ class LoopState:
     step: int = 0  # steps done (the next step's 0-based index)
     policy_version: int = 0  # the weights the rollout fleet serves
     prefetch_hits: int = 0  # steps whose candidates were drawn and scored during the previous step
+    skipped: SkippedPolicySteps = field(default_factory=SkippedPolicySteps)  # policy steps the learner skipped
     probes: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (V, p) of recent probes
     prefetched: tuple[list[PromptRecord], Pending] | None = None  # next step's candidates, V's scores
     rng: np.random.Generator = field(init=False)  # draws V's explained-variance probe
@@ -54,6 +56,7 @@ class LoopState:
             "probes": [[v.tolist(), p.tolist()] for v, p in self.probes],
             "prefetched": prefetched,
             "prefetch_hits": self.prefetch_hits,
+            **self.skipped.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any], records: list[PromptRecord] | None = None) -> None:
@@ -70,6 +73,7 @@ class LoopState:
             candidates = [by_id[i] for i in state["prefetched"]["ids"]]
             self.prefetched = (candidates, Ready(np.asarray(state["prefetched"]["values"])))
         self.prefetch_hits = int(state["prefetch_hits"])
+        self.skipped.load_state_dict(state)
 
 
 class RunClock:

@@ -119,6 +119,7 @@ class StepLoop:
             generation_rounds=batch.ledger.rounds, samples_generated=batch.ledger.generated - batch.probe_samples,
             probe_samples=batch.probe_samples, prefetch_hits=self.state.prefetch_hits,
             grad_norm=learn.get("grad_norm"), policy_loss=learn.get("loss"), train_sequences=len(sequences),
+            policy_skipped=self.state.skipped.count(step, learn), policy_skipped_steps_total=self.state.skipped.total,
             learner_padding_ratio=learn.get("learner_padding_ratio"),
             batch_samples=len(samples),  # m*n, each (prompt, sample index) exactly once:
             batch_unique_samples=len({(x.prompt_id, x.sample_index) for x in samples}))

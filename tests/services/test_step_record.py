@@ -105,6 +105,24 @@ def test_a_dict_valued_counter_counts_each_key(store, monkeypatch):
     assert samples[("pcl_tokens_by_worker_total", (("worker", "1"),))] == 5
 
 
+def test_the_policy_steps_a_run_skipped_are_a_prometheus_counter(store, tmp_path):
+    """The records of a run on the in-memory fakes whose learner skips steps 2 and 3 of 4, published as the
+    coordinator publishes them: /metrics counts the skipped steps and shows whether the last one was skipped."""
+    from tests.pcl.loop.test_skipped_steps import fleet_with
+
+    fleet = fleet_with(tmp_path, skips={2, 3}, steps=4)
+    fleet.run.run()
+    control = RunControl(store, poll_s=0.02)
+    try:
+        for record in fleet.control.published:
+            control.publish(record, record.step)
+    finally:
+        control.finish(4)
+    samples = scrape(store)
+    assert FIGURES["policy_skipped_steps_total"].kind == "counter"
+    assert samples[("pcl_policy_skipped_steps_total", ())] == 2 and samples[("pcl_policy_skipped", ())] == 0
+
+
 def test_lines_of_old_runs_read_back_with_the_same_keys(tmp_path):
     """metrics.jsonl keeps its key names: a line written before the record existed reads into it and back."""
     old = {"step": 3, "effective_ratio": 0.5, "train_reward_mean": 0.25, "generation_seconds": 1.0,
