@@ -44,6 +44,9 @@ def test_n_skipped_steps_in_a_row_stop_the_run_naming_the_cause_and_each_is_reco
         "the policy learner skipped 3 steps in a row (steps 4-6; learner.max_skipped_steps = 3), the last for a "
         "non-finite gradient norm (inf, loss 0.6")
     assert "the weights have not changed since step 3" in str(stopped.value)
+    from entrypoints.train import recoverable
+
+    assert not recoverable(stopped.value)  # the driver does not restart the run into the same steps
 
     records = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]  # the step that stopped the run is recorded
