@@ -43,12 +43,18 @@ def _free_port() -> int:
 
 def chaos_config(config_files: list[str], overrides: list[str], seed: int) -> tuple[Config, list[str]]:
     """The run's config (seed S as run.seed) and the overrides that make it; refused when it cannot be run
-    under chaos: an external Redis (the chaos run kills and fills the embedded one), no control plane, or a time
-    budget (the run must train its fixed step count)."""
+    under chaos: an external Redis (the chaos run kills and fills the embedded one), no append-only persistence
+    (the embedded server saves no snapshot: without its AOF, a Redis restart loses the streams, and the final
+    reading of the run's Redis finds an empty database), no control plane, or a time budget (the run must train
+    its fixed step count)."""
     overrides = [*overrides, f"run.seed={seed}"]
     cfg = load_config(config_files, overrides)
     if cfg.redis.url:
         raise ConfigError("pcl chaos runs the embedded Redis: unset redis.url (and REDIS_URL)")
+    if not cfg.redis.appendonly:
+        raise ConfigError("pcl chaos needs the embedded Redis' append-only file (its only persistence: a restart "
+                          "without it loses the streams, and the final checks would read an empty database): "
+                          "set redis.appendonly=true")
     if not cfg.control.enabled:
         raise ConfigError("pcl chaos talks to the control plane: control.enabled must be true")
     if cfg.run.time_budget_s or cfg.run.train_budget_s:
@@ -114,7 +120,7 @@ def final_checks(cfg: Config, run, tree) -> list[Check]:
     from entrypoints.chaos.final import read_records, read_redis, read_tracker_steps
 
     leftovers = tree.wait_gone(30.0)
-    checks = [check_processes([f"{pid} {title[:80]}" for pid, title in leftovers])]
+    checks = [check_processes([f"{pid} {title[:80]}" for pid, title in leftovers], seen=len(tree.seen))]
     metrics, selections = read_records(run.run_dir)
     checks.append(check_steps(metrics, selections, cfg.run.steps))
     checks.append(check_batches(metrics, selections, cfg.run.m, cfg.run.n))

@@ -21,6 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
     ("redis.url=redis://127.0.0.1:6379/0", "embedded Redis"),
     ("control.enabled=false", "control.enabled"),
     ("run.time_budget_s=60", "fixed step count"),
+    ("redis.appendonly=false", "redis.appendonly"),
 ])
 def test_a_config_chaos_cannot_run_is_refused_naming_the_setting(override, needle):
     with pytest.raises(ConfigError, match=needle):

@@ -88,6 +88,8 @@ def test_the_step_check_flags_each_violation(change, needle):
     (lambda m, s: s[1].update(samples=[[0, 0], [0, 1], [0, 1]]), "step 2: prompts without sample indices"),
     (lambda m, s: s[2].update(samples=[[0, 1], [0, 1]]), "step 3: prompts without sample indices"),
     (lambda m, s: s[3].pop("samples"), "record no sample indices"),
+    (lambda m, s: s.pop(1), "steps with a record but no selections.jsonl line: 2"),
+    (lambda m, s: m.pop(2), "steps with a selections.jsonl line but no record: 2"),
 ])
 def test_the_batch_check_flags_each_violation(change, needle):
     metrics, selections = clean_run()
@@ -110,8 +112,8 @@ def test_streams_pending_entries_and_dead_letters_not_injected_are_flagged():
 
 
 def test_leftover_processes_weights_and_accuracy():
-    assert check_processes([]).ok
-    left = check_processes(["4242 ray::RolloutWorker", "4243 redis-server 127.0.0.1:1234"])
+    assert check_processes([], seen=12).ok
+    left = check_processes(["4242 ray::RolloutWorker", "4243 redis-server 127.0.0.1:1234"], seen=12)
     assert left.ok is False and "2 processes" in left.detail and "ray::RolloutWorker" in left.detail
     assert check_weights(0.0).ok and check_weights(1e-7).ok
     assert check_weights(3e-4).ok is False and "differ" in check_weights(3e-4).detail
@@ -138,8 +140,7 @@ def test_the_control_check_allows_refusals_only_while_the_driver_is_down():
                 {"what": "tau", "status": 500, "error": "boom", "driver_up": False}):
         result = check_control(fine + [bad])
         assert result.ok is False and bad["what"] in result.detail
-    assert check_control([]).ok is None
-
+    
 
 def test_steps_redone_and_recovery_from_the_timeline():
     timeline = [("commit", 10.0, 1), ("commit", 12.0, 2), ("commit", 14.0, 3), ("restored", 40.0, 2),
@@ -159,7 +160,7 @@ def test_the_report_counts_by_kind_and_prints_the_replay_on_failure():
     faults = [{"index": f.index, "kind": f.kind, "injected_s": f.at_s, "recovered_s": 2.0 + f.index,
                "phase": "rollout", "note": "x"} for f in schedule.faults]
     metrics, selections = clean_run()
-    checks = [check_steps(metrics, selections, STEPS), check_processes([])]
+    checks = [check_steps(metrics, selections, STEPS), check_processes([], seen=9)]
     run = {"finished": True, "steps": STEPS, "seconds": 100.0, "restarts": 2, "resumes": 0,
            "started_again": [["coordinator"], ["coordinator", "learner-0", "learner-1"]]}
     passed = build_report(schedule, faults, checks, run, redone=2, replay="pcl chaos c.yaml --seed 5 --faults 3")
@@ -168,10 +169,34 @@ def test_the_report_counts_by_kind_and_prints_the_replay_on_failure():
     text = format_report(passed, schedule)
     assert "result: PASS" in text and "steps redone after restarts: 2" in text and "replay" not in text
     assert "restarts from a checkpoint: 2; actors started again: coordinator 2, learner 2" in text
-    failed = build_report(schedule, faults, checks + [check_processes(["1 ray::Coordinator"])], run, 2, "pcl chaos X")
+    failed = build_report(schedule, faults, checks + [check_processes(["1 ray::Coordinator"], seen=9)], run, 2,
+                          "pcl chaos X")
     text = format_report(failed, schedule)
     assert not failed["passed"] and "result: FAIL" in text and "replay with: pcl chaos X" in text
     assert "schedule of seed 5" in text
     missed = build_report(schedule, faults[:2] + [{**faults[2], "injected_s": None, "recovered_s": None}], checks,
                           run, 0, "r")
     assert not missed["passed"] and missed["by_kind"][faults[2]["kind"]]["injected"] == 0
+
+
+# A run of nothing: each check fed empty records must not pass on its own (another check catching the same run
+# is no excuse: each check's PASS is read alone in the report).
+@pytest.mark.parametrize("check, needle", [
+    (lambda: check_steps([], [], STEPS), "steps missing"),
+    (lambda: check_steps([], [], 0), "no step to check"),
+    (lambda: check_batches([], [], M, N), "no step records"),
+    (lambda: check_batches([{"step": 0, "eval_accuracy": 0.5}], [], M, N), "no step records"),
+    (lambda: check_versions([], max_staleness=0), "selections.jsonl holds no line"),
+    (lambda: check_trackers({}, STEPS), "steps never written"),
+    (lambda: check_streams({}, []), "no work stream"),
+    (lambda: check_processes([], seen=0), "no process of the run was seen"),
+    (lambda: check_control([]), "no control-plane request"),
+])
+def test_a_run_of_nothing_fails_each_check(check, needle):
+    result = check()
+    assert result.ok is False and needle in result.detail, result.detail
+
+
+def test_a_run_of_nothing_is_never_a_pass_where_nothing_can_be_compared():
+    assert check_trackers(None, STEPS).ok is not True
+    assert check_weights(None).ok is not True and check_accuracy(None, None).ok is not True
