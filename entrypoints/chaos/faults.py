@@ -185,7 +185,9 @@ class Injector:
 
     def _malformed(self, fault: Fault, result: dict) -> str:
         """One entry into each work stream: a real entry's header with a corrupt body when the stream has one,
-        else bytes that are no record at all; both carry MALFORMED_MARK."""
+        else bytes that are no record at all; both carry MALFORMED_MARK, and each is counted in the stream's
+        counts as injected (services/streams/counts.py), so that the counts still balance."""
+        from services.streams.counts import inject
         from services.streams.topology import STREAMS, stream_key
         from services.streams.upkeep import PAYLOAD_FIELD
 
@@ -198,7 +200,7 @@ class Injector:
                 first = client.xrange(key, count=1)
                 header = first[0][1].get(PAYLOAD_FIELD, b"")[:4] if first else b""
                 payload = header + MALFORMED_MARK + f":{fault.index}:{stream.name}:".encode() + rng.randbytes(24)
-                self._retry(lambda: client.xadd(key, {PAYLOAD_FIELD: payload}))
+                self._retry(lambda: inject(client, key, payload))  # counted as injected, beside the run's counts
                 written.append(f"{stream.name} ({'header + corrupt body' if header else 'no record'})")
         finally:
             client.close()

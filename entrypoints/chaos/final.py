@@ -5,9 +5,10 @@
     metrics, selections = read_records(run_dir)
     scalars = read_tracker_steps(run_dir)                     # TensorBoard: figure -> the steps written, in order
 
-The embedded Redis stops with its run; with AOF on (the embedded default) its data directory holds everything
-it acknowledged, so a server started again on that directory shows the streams, their consumer groups' pending
-entries and the dead letters exactly as the run left them.
+The embedded Redis stops with its run; with AOF on (a chaos run requires it: the embedded server saves no
+snapshot) its data directory holds everything it acknowledged, so a server started again on that directory shows
+the streams, their consumer groups, the entry counts the run kept and the dead letters exactly as the run left
+them. `read_streams(client, run)` reads the same from any Redis the run used.
 """
 
 from __future__ import annotations
@@ -45,26 +46,26 @@ def read_tracker_steps(run_dir: Path) -> dict[str, list[int]] | None:
 
 
 def read_redis(data_dir: Path, run: str) -> tuple[dict[str, dict], list[dict]]:
-    """Each work stream's entries and its group's pending count, and every dead letter, from the run's Redis data
-    directory (a server started on it for the reading, then stopped)."""
+    """`read_streams` of the run's Redis data directory (a server started on it for the reading, then stopped)."""
     from services.redis_server import start_embedded
+
+    with start_embedded(data_dir, appendonly=True, maxmemory_mb=0) as server:
+        return read_streams(server.client(), run)
+
+
+def read_streams(client, run: str) -> tuple[dict[str, dict], list[dict]]:
+    """What `client`'s Redis holds of the run's work streams: each declared stream's state with the entry counts
+    the run kept (services/streams/counts.py: exists, its group exists, length, pending, unread, counts), and
+    every dead letter ({"stream", "payload", "error"}). Any Redis the run used: the embedded one's data
+    directory started again (`read_redis`), or a deployment's server."""
+    from services.streams.counts import stream_state
     from services.streams.topology import STREAMS, stream_key
 
     streams, dead = {}, []
-    with start_embedded(data_dir, appendonly=True, maxmemory_mb=0) as server:
-        client = server.client()
-        for stream in STREAMS:
-            key = stream_key(run, stream.name)
-            pending = 0
-            if client.exists(key):
-                groups = {_text(g["name"]): g for g in client.xinfo_groups(key)}
-                pending = int(groups[stream.group]["pending"]) if stream.group in groups else 0
-            streams[stream.name] = {"pending": pending, "length": int(client.xlen(key))}
-            for _, fields in client.xrange(f"{key}:dead"):
-                dead.append({"stream": stream.name, "payload": fields.get(b"payload", b""),
-                             "error": fields.get(b"error", b"").decode(errors="replace")})
+    for stream in STREAMS:
+        key = stream_key(run, stream.name)
+        streams[stream.name] = stream_state(client, key, stream.group)
+        for _, fields in client.xrange(f"{key}:dead"):
+            dead.append({"stream": stream.name, "payload": fields.get(b"payload", b""),
+                         "error": fields.get(b"error", b"").decode(errors="replace")})
     return streams, dead
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -17,8 +17,10 @@ Each check stands on its own: a record that is missing or empty fails it (a run 
   (0: by the policy of the step before, version s - 1 for step s): selections.jsonl's `versions`;
 - trackers: no step written twice to the run's experiment tracker (its TensorBoard event files: a step sent again
   after a restart or a resume), and every step 1..steps written;
-- streams: no work stream's group holds a pending entry, and every dead letter is one of the malformed entries the
-  chaos run wrote (they carry MALFORMED_MARK);
+- streams: every work stream and its group exist, none holds a pending entry, the per-stream entry counts the run
+  kept balance (`stream_balance`: each entry put was acknowledged, dead-lettered, dropped unacknowledged by a
+  commit's trim or a restart's purge, or is still there), and every dead letter is one of the malformed entries
+  the chaos run wrote (they carry MALFORMED_MARK);
 - processes: no process of the run is alive after it ended (and some were seen);
 - weights: the final weights equal the reference run's (deterministic rollouts), or the final held-out accuracy
   is within noise of the reference's;
@@ -175,19 +177,67 @@ def check_trackers(scalars: dict[str, list[int]] | None, steps: int) -> Check:
                  else _joined(problems))
 
 
+def stream_balance(state: dict) -> list[str]:
+    """What does not balance in one work stream's entry counts against what its Redis holds; [] when it balances.
+    `state`: {"length", "pending", "unread", "counts": {put, injected, acked, dead, trimmed, trimmed_unacked,
+    purged, purged_unacked}} (services/streams/counts.py, which keeps each count with what it counts):
+
+        put + injected = trimmed + purged + length          every entry is still there or was removed, counted
+        put + injected = acked + dead + trimmed_unacked + purged_unacked + pending + unread
+                                                            every entry was acknowledged once, dead-lettered,
+                                                            dropped unacknowledged by a commit's trim or a
+                                                            restart's purge, or is still held
+    """
+    c = state["counts"]
+    added, removed = c["put"] + c["injected"], c["trimmed"] + c["purged"]
+    problems = []
+    if added != removed + state["length"]:
+        problems.append(f"{added} entries added, {removed} removed by trims and purges, {state['length']} left: "
+                        f"{added - removed - state['length']:+d} unaccounted for")
+    fates = c["acked"] + c["dead"] + c["trimmed_unacked"] + c["purged_unacked"] + state["pending"] + state["unread"]
+    if added != fates:
+        problems.append(f"{added} entries added, {fates} accounted for ({c['acked']} acknowledged, {c['dead']} "
+                        f"dead-lettered, {c['trimmed_unacked']} dropped unacknowledged by trims, "
+                        f"{c['purged_unacked']} by purges, {state['pending']} pending, {state['unread']} unread)")
+    for part, whole in (("trimmed_unacked", "trimmed"), ("purged_unacked", "purged")):
+        if c[part] > c[whole]:
+            problems.append(f"{c[part]} {part} of {c[whole]} {whole}")
+    return problems
+
+
 def check_streams(streams: dict[str, dict], dead_letters: list[dict]) -> Check:
-    """`streams`: name -> {"pending": entries its group holds un-acked, "length": entries}; `dead_letters`: each
-    {"stream", "payload" (bytes), "error"}. No pending entry; every dead letter an injected malformed entry; no stream
-    read at all is a failure."""
+    """`streams`: each work stream's name -> what its Redis holds at the end, {"exists", "group" (its consumer
+    group exists), "length", "pending", "unread", "counts"} (`stream_balance`); `dead_letters`: each {"stream",
+    "payload" (bytes), "error"}. Every stream and its group exist and carried entries, no entry is pending, the
+    counts balance, the dead letters kept are those counted, and every dead letter is an injected malformed
+    entry. Redis cannot say at the end what was delivered (commits trim the entries, restarts purge the
+    streams): the counts the run kept can."""
     if not streams:
         return Check("streams", False, "no work stream was read: nothing to check")
-    problems = [f"{name}: {info['pending']} pending entries" for name, info in streams.items() if info["pending"]]
+    problems, lines = [], []
+    kept = Counter(d["stream"] for d in dead_letters)
+    for name, state in streams.items():
+        if not state["exists"] or not state["group"]:
+            problems.append(f"{name}: {'the stream' if not state['exists'] else 'its consumer group'} is missing")
+            continue
+        c = state["counts"]
+        if not c["put"]:
+            problems.append(f"{name}: no entry counted as put (the run kept no counts, or put nothing)")
+            continue
+        if state["pending"]:
+            problems.append(f"{name}: {state['pending']} pending entries")
+        problems += [f"{name}: {p}" for p in stream_balance(state)]
+        if kept[name] != c["dead"]:
+            problems.append(f"{name}: {c['dead']} entries dead-lettered, {kept[name]} dead letters kept")
+        lines.append(f"{name}: {c['put']} put + {c['injected']} injected = {c['acked']} acked + {c['dead']} dead + "
+                     f"{c['trimmed_unacked']} dropped at commits + {c['purged_unacked']} at restarts + "
+                     f"{state['unread']} unread")
     foreign = [d for d in dead_letters if MALFORMED_MARK not in bytes(d["payload"])]
     problems += [f"{d['stream']}: a dead letter not injected ({str(d['error'])[:160]})" for d in foreign]
-    injected = len(dead_letters) - len(foreign)
     ok = not problems
-    return Check("streams", ok, (f"no pending entries; {injected} dead letters, all injected malformed entries" if ok
-                                 else "; ".join(problems[:10])))
+    return Check("streams", ok, (f"every entry accounted for ({'; '.join(lines)}), none pending; "
+                                 f"{len(dead_letters)} dead letters, all injected malformed entries" if ok
+                                 else _joined(problems)))
 
 
 def check_processes(leftovers: list[str], seen: int) -> Check:

@@ -21,8 +21,9 @@ record never takes its neighbours down with it.
 
 `take` first reclaims entries that another consumer has held past the visibility timeout (XAUTOCLAIM),
 then reads new ones (XREADGROUP, blocking). An entry that fails `max_deliveries` times, or does not
-decode, goes to `{stream}:dead` with its error and is counted in `{stream}:dead_count`; dead-letter streams are
-capped by bytes and by count. Every call retries with exponential backoff while Redis is unreachable (a
+decode, goes to `{stream}:dead` with its error; dead-letter streams are capped by bytes and by count. What became
+of every entry (put, acknowledged, dead-lettered, trimmed or purged unacknowledged) is counted in `{stream}:counts`,
+each count in the same Lua script or MULTI/EXEC as what it counts (services/streams/counts.py). Every call retries with exponential backoff while Redis is unreachable (a
 restart) or full (maxmemory reached: backpressure, the consumer keeps what it holds and waits), and recreates
 the group if the stream vanished. A failed pass hands its deliveries back with `release_held()`. When a step
 commits, `trim_committed()` drops every entry the stream holds, and their pending entries, so memory stays
@@ -40,6 +41,7 @@ from typing import Callable, Iterable, Sequence, TypeVar, Union
 
 import redis
 
+from services.streams.counts import CountedStream
 from services.streams.heap import keep_freed_heap
 from services.streams.redis_full import MemoryWait, cap_stream_bytes
 from services.streams.payloads import PayloadError, Record, RecordKey, decode_entry, encode_entry
@@ -109,7 +111,8 @@ class WorkQueue(StreamUpkeep):
         self.dead_letter_max_bytes, self.full_timeout_s = dead_letter_max_bytes, full_timeout_s
         self.full_waits = 0  # writes that found Redis full (maxmemory reached) and waited for memory
         self.full_seconds = 0.0  # time spent in those waits
-        self.dead_stream, self.dead_count_key = f"{stream}:dead", f"{stream}:dead_count"
+        self.dead_stream = f"{stream}:dead"
+        self.counted = CountedStream(client, stream, group)  # every write below goes through it, counted
         self._held: set[str] = set()  # ids delivered to this consumer and not yet acked / failed
         self._claim_cursor = "0-0"  # XAUTOCLAIM resumes its scan of the pending list here
         self._next_reclaim = 0.0  # monotonic time of the next reclaim scan
@@ -119,9 +122,9 @@ class WorkQueue(StreamUpkeep):
 
     def put(self, entries: Iterable[Entry]) -> list[str]:
         """Append one entry per item, a record or a list of records; returns the entry ids. Each chunk of
-        PUT_CHUNK XADDs is one MULTI/EXEC, so a consumer blocked in take() wakes to the whole chunk, not to its
-        first entry (a step's requests are served as one batch). A retry after a lost reply may add an entry
-        twice, which the idempotency key makes harmless."""
+        PUT_CHUNK XADDs is one MULTI/EXEC with their count, so a consumer blocked in take() wakes to the whole
+        chunk, not to its first entry (a step's requests are served as one batch). A retry after a lost reply
+        may add an entry twice (counted twice), which the idempotency key makes harmless."""
         payloads = [encode_entry(entry) for entry in entries]
         ids: list[str] = []
         for start in range(0, len(payloads), PUT_CHUNK):
@@ -130,9 +133,10 @@ class WorkQueue(StreamUpkeep):
         return ids
 
     def _xadd_all(self, pipe, payloads: Sequence[bytes]) -> list[str]:
-        for payload in payloads:
-            pipe.xadd(self.stream, {PAYLOAD_FIELD: payload})
-        return [entry_id.decode() for entry_id in pipe.execute()[-len(payloads):]] if payloads else []
+        if not payloads:
+            return []
+        self.counted.add(pipe, payloads)
+        return [entry_id.decode() for entry_id in pipe.execute()[1:]]
 
     # -- consuming ------------------------------------------------------------------------------------
 
@@ -200,28 +204,21 @@ class WorkQueue(StreamUpkeep):
         return deliveries
 
     def ack(self, deliveries: Sequence[Delivery]) -> None:
-        """Acknowledge deliveries whose downstream effect is already written."""
+        """Acknowledge deliveries whose downstream effect is already written (counted)."""
         if deliveries:
             ids = [delivery.id for delivery in deliveries]
-            self._retry("XACK", lambda: self.client.xack(self.stream, self.group, *ids))
+            self._retry("XACK", lambda: self.counted.ack(ids))
             self._held.difference_update(ids)
 
     def forward(self, deliveries: Sequence[Delivery], downstream: "WorkQueue", entries: Iterable[Entry]) -> None:
-        """Put entries (records or groups) on `downstream` and ack deliveries in one MULTI/EXEC: both
+        """Put entries (records or groups) on `downstream` and ack deliveries in one Lua script, counted: both
         happen or neither."""
         self._put_and_ack(downstream.stream, [encode_entry(entry) for entry in entries],
                           [delivery.id for delivery in deliveries], "forward")
 
     def _put_and_ack(self, stream: str, payloads: list[bytes], ids: list[str], what: str) -> None:
-        def write() -> None:
-            pipe = self.client.pipeline(transaction=True)
-            for payload in payloads:
-                pipe.xadd(stream, {PAYLOAD_FIELD: payload})
-            if ids:
-                pipe.xack(self.stream, self.group, *ids)
-            pipe.execute()
-
-        self._retry(what, write)
+        if payloads or ids:
+            self._retry(what, lambda: self.counted.forward(stream, payloads, ids))
         self._held.difference_update(ids)
 
     def release(self, deliveries: Sequence[Delivery]) -> None:
@@ -250,7 +247,7 @@ class WorkQueue(StreamUpkeep):
     def fail(self, delivery: Delivery, error: BaseException | str) -> bool:
         """Processing failed: retry the entry, or dead-letter it after max_deliveries; a group is split
         into single-record entries (written with the group's ack) that are retried one by one.
-        True if dead-lettered."""
+        True if dead-lettered (False too when it was acknowledged meanwhile: nothing to dead-letter)."""
         if len(delivery.records) > 1:
             log.warning("%s: group entry %s of %d records failed (%r); splitting it", self.stream, delivery.id,
                         len(delivery.records), error)
@@ -258,34 +255,32 @@ class WorkQueue(StreamUpkeep):
                               "split")
             return False
         if delivery.deliveries >= self.max_deliveries:
-            self._dead_letter(delivery.id, delivery.payload, delivery.deliveries,
-                              f"failed {delivery.deliveries} times; last error: {error!r}")
-            return True
+            return self._dead_letter(delivery.id, delivery.payload, delivery.deliveries,
+                                     f"failed {delivery.deliveries} times; last error: {error!r}")
         log.warning("%s: entry %s failed (delivery %d of %d): %r", self.stream, delivery.id,
                     delivery.deliveries, self.max_deliveries, error)
         self.release([delivery])
         return False
 
     def _dead_letter(self, entry_id: str, payload: bytes, deliveries: int, reason: str,
-                     key: RecordKey | None = None) -> None:
+                     key: RecordKey | None = None) -> bool:
         """Move one entry to the dead-letter stream with its error (and the key of the record it names, when known),
-        ack it and count it, atomically."""
-        log.error("%s: entry %s dead-lettered to %s: %s", self.stream, entry_id, self.dead_stream, reason)
+        ack it and count it, atomically; nothing when it is no longer pending (another consumer acknowledged it
+        meanwhile: it was processed after all). True when dead-lettered."""
         letter = {b"payload": payload, b"error": reason[:4000], b"entry_id": entry_id, b"deliveries": deliveries,
                   b"consumer": self.consumer}
         if key is not None:
             letter[b"key"] = json.dumps(list(key))
-
-        def write() -> None:
-            pipe = self.client.pipeline(transaction=True)
-            pipe.xadd(self.dead_stream, letter, maxlen=self.dead_letter_maxlen, approximate=True)
-            pipe.xack(self.stream, self.group, entry_id)
-            pipe.incr(self.dead_count_key)
-            pipe.execute()
-
-        self._retry("dead-letter", write)
+        moved = self._retry("dead-letter", lambda: self.counted.dead_letter(self.dead_stream, entry_id, letter,
+                                                                            self.dead_letter_maxlen))
         self._held.discard(entry_id)
+        if not moved:
+            log.warning("%s: entry %s was acknowledged meanwhile; not dead-lettered (%s)", self.stream, entry_id,
+                        reason)
+            return False
+        log.error("%s: entry %s dead-lettered to %s: %s", self.stream, entry_id, self.dead_stream, reason)
         self._cap_dead_letters()
+        return True
 
     def _cap_dead_letters(self) -> None:
         """Dead letters hold whole payloads (~250 KB for a group of samples): a count cap alone does not bound

@@ -186,12 +186,15 @@ class RolloutClient:
 def purge_streams(redis_url: str, run: str) -> int:
     """Delete the run's work streams (those services.streams.topology declares) with their consumer groups: a run that
     starts again from a checkpoint regenerates everything after it, so work in flight when it stopped is void.
-    Dead-letter streams stay (they are the record of poison entries). Returns the number of streams deleted."""
+    Each deletion counts the entries it removed, and of them those never acknowledged (services/streams/counts.py).
+    Dead-letter streams and the counts stay (they are the record of poison entries, and of every entry). Returns
+    the number of entries deleted."""
     from services.redis_server import make_client
+    from services.streams.counts import CountedStream
 
     client = make_client(redis_url)
     try:
-        return int(client.delete(*(stream_key(run, stream.name) for stream in STREAMS)))
+        return sum(CountedStream(client, stream_key(run, stream.name), stream.group).purge() for stream in STREAMS)
     finally:
         client.close()
 

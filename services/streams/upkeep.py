@@ -9,11 +9,11 @@ from typing import Callable, Sequence
 
 import redis
 
+from services.streams.counts import PAYLOAD_FIELD, CountedStream, read_counts
 from services.streams.payloads import PayloadError, Record, RewardNote, RewardRecord, decode_entry
 
 log = logging.getLogger(__name__)
 
-PAYLOAD_FIELD = b"d"  # the one field of every stream entry: the encoded record or record group
 FETCH_CHUNK = 64  # entries read back per pipeline round trip by fetch() (a group of 16 samples is ~250 KB)
 
 
@@ -45,7 +45,7 @@ class StreamUpkeep:
     group: str
     visibility_ms: int
     dead_stream: str
-    dead_count_key: str
+    counted: CountedStream
     _held: set[str]
     _retry: Callable  # (what, operation): operation(), retried while Redis is unreachable, restarting or full
 
@@ -94,7 +94,11 @@ class StreamUpkeep:
 
     def dead_letter_count(self) -> int:
         """Entries of this stream dead-lettered so far (all consumers)."""
-        return int(self._retry("GET", lambda: self.client.get(self.dead_count_key)) or 0)
+        return self.counts()["dead"]
+
+    def counts(self) -> dict[str, int]:
+        """What became of this stream's entries so far (services/streams/counts.py)."""
+        return self._retry("HGETALL", lambda: read_counts(self.client, self.stream))
 
     def dead_letters(self, count: int = 100) -> list[dict[str, object]]:
         """The newest dead letters: entry_id, error, deliveries, consumer, the raw payload and, for a record refused
@@ -140,24 +144,15 @@ class StreamUpkeep:
         return newest[0][0].decode() if newest else "0-0"
 
     def trim_before(self, min_id: str) -> int:
-        """Delete entries with ids below min_id, and their pending entries in every group; returns how many
-        entries were deleted. Consumers idle for long with nothing pending are forgotten too."""
-        removed = self._retry("XTRIM", lambda: self.client.xtrim(self.stream, minid=min_id, approximate=False))
-        last_trimmed = _id_before(min_id)
-        stream = self._retry("XINFO STREAM", lambda: self.client.xinfo_stream(self.stream))
+        """Delete entries with ids below min_id, and their pending entries in every group, in one counted step
+        (services/streams/counts.py: groups that had not read that far are moved past them, so Redis 7's lag
+        stays exact); returns how many entries were deleted. Consumers idle for long with nothing pending are
+        forgotten too."""
+        removed = self._retry("trim", lambda: self.counted.trim(min_id, _id_before(min_id)))
+        if not removed and not self._retry("EXISTS", lambda: self.client.exists(self.stream)):
+            return 0
         for group in self._retry("XINFO GROUPS", lambda: self.client.xinfo_groups(self.stream)):
             name = group["name"]
-            while stale := self._retry("XPENDING", lambda: self.client.xpending_range(
-                    self.stream, name, "-", last_trimmed, 1000)):
-                ids = [item["message_id"] for item in stale]
-                self._retry("XACK", lambda: self.client.xack(self.stream, name, *ids))
-            if id_key(group["last-delivered-id"].decode()) < id_key(last_trimmed):
-                # Move the group past the trimmed entries it never read, else Redis 7 counts them as lag
-                # forever; entries-added (Redis 7) keeps the lag exact.
-                added = stream.get("entries-added")
-                read = None if added is None else added - stream["length"]
-                self._retry("XGROUP SETID", lambda: self.client.xgroup_setid(
-                    self.stream, name, last_trimmed, entries_read=read))
             for consumer in self._retry("XINFO CONSUMERS", lambda: self.client.xinfo_consumers(self.stream, name)):
                 if consumer["pending"] == 0 and consumer["idle"] > max(60_000, 10 * self.visibility_ms):
                     try:

@@ -117,3 +117,33 @@ def test_a_step_two_drivers_wrote_to_tensorboard_is_read_twice(tmp_path):
     assert sorted(scalars["pcl/effective_ratio"]) == [1, 2, 3, 3, 4] and set(scalars) == {"pcl/effective_ratio"}
     result = check_trackers(scalars, 4)
     assert result.ok is False and "steps written twice: 3" in result.detail
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("appendonly", [True, False])
+def test_the_final_reading_of_the_runs_redis_balances_its_counts_and_finds_nothing_without_its_aof(tmp_path,
+                                                                                                  appendonly):
+    """The run's embedded Redis, stopped, is read from its data directory: with its append-only file the streams,
+    their groups and the entry counts are all there and balance (a malformed entry injected and dead-lettered);
+    without it the database is empty, which fails the check rather than reading as 0 pending."""
+    from entrypoints.chaos.final import read_redis
+    from pcl.tools.chaos_checks import MALFORMED_MARK, check_streams
+    from services.redis_server import start_embedded
+    from services.streams.counts import inject
+    from services.streams.topology import STREAMS, open_queue
+    from tests.services.test_queues import request
+
+    with start_embedded(tmp_path / "redis", appendonly=appendonly) as handle:
+        for stream in STREAMS:
+            queue = open_queue(handle.client(), "chaos", stream.name, f"{stream.consumer}-0", block_ms=20)
+            queue.put([request(f"p{i}") for i in range(3)])
+            inject(queue.client, queue.stream, b"\x94\x04" + MALFORMED_MARK + b":0:x")
+            queue.ack(queue.take(10))  # the malformed entry is dead-lettered on the way
+            queue.trim_committed()
+    streams, dead = read_redis(tmp_path / "redis", "chaos")
+    result = check_streams(streams, dead)
+    if appendonly:
+        assert result.ok, result.detail
+        assert len(dead) == 3 and all(s["counts"]["put"] == 3 and s["counts"]["dead"] == 1 for s in streams.values())
+    else:
+        assert result.ok is False and "rollout_requests: the stream is missing" in result.detail, result.detail

@@ -98,16 +98,56 @@ def test_the_batch_check_flags_each_violation(change, needle):
     assert result.ok is False and needle in result.detail, result.detail
 
 
-def test_streams_pending_entries_and_dead_letters_not_injected_are_flagged():
-    quiet = {"rollout_requests": {"pending": 0, "length": 0}, "rewards": {"pending": 0, "length": 3}}
-    injected = [{"stream": "rewards", "payload": b"\x94\x04" + MALFORMED_MARK + b":3:rewards:x", "error": "undecodable"}]
-    ok = check_streams(quiet, injected)
-    assert ok.ok and "1 dead letters, all injected" in ok.detail
-    pending = copy.deepcopy(quiet)
-    pending["rewards"]["pending"] = 2
-    assert "rewards: 2 pending entries" in check_streams(pending, injected).detail
-    foreign = injected + [{"stream": "rollout_results", "payload": b"\x94\x04real", "error": "failed 3 times"}]
-    result = check_streams(quiet, foreign)
+def stream(put: int, acked: int, **counts) -> dict:
+    """A work stream as the final reading sees it, all trimmed: `put` entries, `acked` of them acknowledged."""
+    c = {"put": put, "injected": 0, "acked": acked, "dead": 0, "trimmed": put, "trimmed_unacked": put - acked,
+         "purged": 0, "purged_unacked": 0, **counts}
+    return {"exists": True, "group": True, "length": 0, "pending": 0, "unread": 0, "counts": c}
+
+
+def quiet_streams() -> dict:
+    """Three streams of a run that restarted once (rollout_results purged with 3 entries, 2 un-acknowledged) and got
+    one malformed entry into rewards, dead-lettered."""
+    return {"rollout_requests": stream(40, 38),
+            "rollout_results": stream(80, 76, trimmed=77, trimmed_unacked=2, purged=3, purged_unacked=2),
+            "rewards": stream(300, 300, injected=1, dead=1, trimmed=301)}
+
+
+INJECTED = [{"stream": "rewards", "payload": b"\x94\x04" + MALFORMED_MARK + b":3:rewards:x", "error": "undecodable"}]
+
+
+def test_streams_whose_counts_balance_pass():
+    result = check_streams(quiet_streams(), INJECTED)
+    assert result.ok, result.detail
+    assert "rollout_results: 80 put + 0 injected = 76 acked + 0 dead + 2 dropped at commits + 2 at restarts" \
+        in result.detail and "1 dead letters, all injected" in result.detail
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda s: s["rewards"].update(pending=2, length=2, counts={**s["rewards"]["counts"], "trimmed": 299}),
+     "rewards: 2 pending entries"),
+    (lambda s: s["rollout_requests"].update(exists=False), "rollout_requests: the stream is missing"),
+    (lambda s: s["rollout_results"].update(group=False), "rollout_results: its consumer group is missing"),
+    (lambda s: s["rollout_requests"]["counts"].update(put=0, acked=0, trimmed=0, trimmed_unacked=0),
+     "rollout_requests: no entry counted as put"),
+    (lambda s: s["rollout_requests"]["counts"].update(trimmed=39), "39 removed by trims and purges, 0 left: +1 unaccounted for"),  # gone uncounted
+    (lambda s: s["rollout_requests"]["counts"].update(acked=39), "40 entries added, 41 accounted for"),
+    (lambda s: s["rewards"]["counts"].update(dead=2, acked=299), "rewards: 2 entries dead-lettered, 1 dead letters kept"),
+    (lambda s: s["rewards"]["counts"].update(dead=0, trimmed_unacked=1), "rewards: 0 entries dead-lettered, 1 dead "
+                                                                          "letters kept"),
+])
+def test_the_stream_check_flags_what_does_not_add_up(change, needle):
+    streams = quiet_streams()
+    change(streams)
+    result = check_streams(streams, INJECTED)
+    assert result.ok is False and needle in result.detail, result.detail
+
+
+def test_a_dead_letter_not_injected_is_flagged():
+    streams = quiet_streams()
+    streams["rollout_results"]["counts"].update(dead=1, trimmed_unacked=1)
+    foreign = INJECTED + [{"stream": "rollout_results", "payload": b"\x94\x04real", "error": "failed 3 times"}]
+    result = check_streams(streams, foreign)
     assert result.ok is False and "rollout_results: a dead letter not injected (failed 3 times)" in result.detail
 
 
