@@ -8,7 +8,9 @@ actors, and follows the coordinator, printing one line per step and a progress b
 It also supervises the run: when it fails in a way no actor restart covers (a learner rank, the sampler or
 the coordinator lost, a deadline missed), the fleet is stopped and started again from the newest complete
 checkpoint, at most `checkpoint.max_restarts` times. Work in flight is discarded (the run's streams are
-purged), so every committed step's batch holds each (prompt, sample) exactly once.
+purged), so every committed step's batch holds each (prompt, sample) exactly once. What interrupted the run
+(this driver's start, its restarts, its Redis restarted or unreachable or full) is recorded as windows in
+RUN_DIR/events.jsonl (services/run_events.py).
 """
 
 from __future__ import annotations
@@ -252,6 +254,26 @@ def restart_point(cfg: Config, run_dir: Path, exc: BaseException, restarts: int)
     return checkpoint
 
 
+def keep_and_record(cfg: Config, prep: Prepared, resume: str | None, redis):
+    """The run's events (RUN_DIR/events.jsonl, services/run_events.py; a fresh run starts a new file), this
+    driver's `driver_start` window opened from the process's start, and the Redis keeper with the driver's probe,
+    watching from its thread. Returns (events, the driver_start window's key, the keeper)."""
+    import psutil
+
+    from services.redis_keeper import EmbeddedRedisKeeper, RedisProbe
+    from services.redis_server import make_client
+    from services.run_events import EVENTS_FILE, RunEvents
+
+    if resume is None:
+        (prep.run_dir / EVENTS_FILE).unlink(missing_ok=True)
+    events = RunEvents(prep.run_dir)
+    how = f"resumed from {prep.checkpoint}" if prep.checkpoint is not None else "a fresh start"
+    window = events.begin("driver_start", how, start=psutil.Process().create_time())
+    probe = RedisProbe(make_client(redis.url, socket_timeout=5.0), f"pcl:{cfg.run.name}:driver_probe", events)
+    # Restarted if it exits, checked every second from a thread (the driver may be starting Ray or the fleet) too.
+    return events, window, EmbeddedRedisKeeper(redis, cfg.checkpoint.max_restarts, events, probe).watch()
+
+
 def release(trackers, console, fleet, control, own_ray: bool, redis, keep_redis) -> None:
     """Close what a run opened, in this order: trackers, the console sink, the fleet, the control plane, Ray
     (when this process started it), Redis, then its keeper (a server the keeper started stops with its thread)."""
@@ -266,6 +288,7 @@ def release(trackers, console, fleet, control, own_ray: bool, redis, keep_redis)
         import ray
 
         ray.shutdown()
+    keep_redis.quiet()
     redis.close()
     keep_redis.stop()
 
@@ -278,7 +301,6 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     from services.control.server import DriverControl
     from entrypoints.fleet import start_fleet
     from services.streams.rollout_client import purge_streams
-    from services.redis_keeper import EmbeddedRedisKeeper
 
     announce(cfg, prep)
     from services.tracking.trackers import Trackers
@@ -287,8 +309,7 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     trackers = Trackers.open(cfg, prep.run_dir, resume=resume is not None, checkpoint=prep.checkpoint)
     console = None if "console" in cfg.logging.backends else open(os.devnull, "w")  # noqa: SIM115
     redis = open_run_redis(cfg, prep.run_dir)
-    # Restarted if it exits, checked every second from a thread (the driver may be starting Ray or the fleet) too.
-    keep_redis = EmbeddedRedisKeeper(redis, cfg.checkpoint.max_restarts).watch()
+    events, starting, keep_redis = keep_and_record(cfg, prep, resume, redis)  # starting: the window until actors up
     control, own_ray, fleet, kept = None, False, None, None
     checkpoint, restarts, started_again = prep.checkpoint, 0, []
     snapshot = control_snapshot(checkpoint)
@@ -311,6 +332,8 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
                           f"{', '.join(started_again[-1])}", flush=True)
                 start_from(cfg, prep.run_dir, fleet, checkpoint)
                 print(f"pcl: actors up in {time.perf_counter() - started:.1f}s; {training_plan(cfg)}", flush=True)
+                events.end(starting)
+                starting = None
                 summary = follow(fleet.coordinator.run.remote(), prep.run_dir, cfg.run.steps, stream=console,
                                  seen=steps_logged(prep.run_dir), on_record=trackers.commit,
                                  on_poll=lambda: (keep_redis(), trackers.relay(control.store)))
@@ -319,6 +342,9 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
                 if not recoverable(exc) or restarts >= cfg.checkpoint.max_restarts:
                     raise
                 restarts += 1
+                if starting is not None:  # a start or a restart that failed before its actors were up
+                    events.end(starting)
+                starting = events.begin("restart", _reason(exc))
                 checkpoint = restart_point(cfg, prep.run_dir, exc, restarts)
                 if fleet is not None and checkpoint is not None:
                     kept = fleet.salvage(cfg)  # what survived is restored from the checkpoint like new actors

@@ -117,7 +117,7 @@ def run_chaos(config: str, overrides: list[str], seed: int, faults: int, window_
 
 def final_checks(cfg: Config, run, tree) -> list[Check]:
     """The invariants over what the run left: its processes, records and Redis."""
-    from entrypoints.chaos.final import read_records, read_redis, read_tracker_steps
+    from entrypoints.chaos.final import read_records, read_redis, read_requests, read_run_events, read_tracker_steps
 
     leftovers = tree.wait_gone(30.0)
     checks = [check_processes([f"{pid} {title[:80]}" for pid, title in leftovers], seen=len(tree.seen))]
@@ -133,7 +133,7 @@ def final_checks(cfg: Config, run, tree) -> list[Check]:
         note_dead_letters(run.injector.results if run.injector else [], dead)
     else:
         checks.append(Check("streams", None, "the run left no Redis data directory"))
-    checks.append(check_control(run.traffic.requests if run.traffic else []))
+    checks.append(check_control(read_requests(run.requests_path), read_run_events(run.run_dir)))
     return checks
 
 
@@ -192,7 +192,5 @@ def report(schedule: Schedule, run, checks: list[Check], replay: str) -> int:
     run.run_dir.mkdir(parents=True, exist_ok=True)
     (run.run_dir / "chaos_report.txt").write_text(text + "\n")
     (run.run_dir / "chaos_report.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
-    (run.run_dir.parent / "requests.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in (run.traffic.requests if run.traffic else [])))
     return 0 if result["passed"] else 1
 

@@ -1,8 +1,13 @@
-"""What a chaos run reads once its run has ended, for the invariants (`pcl.tools.chaos_checks`): the run's records
-(metrics.jsonl, selections.jsonl), what its experiment tracker holds, and its Redis as the run left it.
+"""What a chaos run reads once its run has ended, for the invariants (`pcl.tools.chaos_checks`, pure): the run's
+records (metrics.jsonl, selections.jsonl, events.jsonl), what its experiment tracker holds, its Redis as the run
+left it, and the control-plane requests the chaos traffic recorded. Reading is kept apart from checking, so that
+another way of running (a deployment with its own Redis) reads its run the same way and checks it alike.
 
     streams, dead = read_redis(run_dir / "redis", "chaos")   # the embedded server started again on its data
+    streams, dead = read_streams(client, "chaos")              # or any Redis the run used
     metrics, selections = read_records(run_dir)
+    windows = read_run_events(run_dir)                         # outages and restarts (None: no record)
+    requests = read_requests(out / "requests.jsonl")
     scalars = read_tracker_steps(run_dir)                     # TensorBoard: figure -> the steps written, in order
 
 The embedded Redis stops with its run; with AOF on (a chaos run requires it: the embedded server saves no
@@ -13,6 +18,7 @@ them. `read_streams(client, run)` reads the same from any Redis the run used.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pcl.loop.runlog import METRICS_FILE, SELECTIONS_FILE, read_metrics
@@ -25,6 +31,32 @@ def read_records(run_dir: Path) -> tuple[list[dict], list[dict]]:
         return read_metrics(path) if path.is_file() else []
 
     return lines(METRICS_FILE), lines(SELECTIONS_FILE)
+
+
+def read_requests(path: Path) -> list[dict]:
+    """The control-plane requests the chaos traffic recorded in `path` (OUT/requests.jsonl), each with what it
+    expected (entrypoints/chaos/traffic.py); none when the file is missing; a last line cut short is skipped."""
+    return read_jsonl(path)
+
+
+def read_run_events(run_dir: Path) -> list[dict] | None:
+    """The windows the run recorded in RUN_DIR/events.jsonl (services/run_events.py): its drivers' starts and
+    restarts, its Redis restarted, unreachable or full; None when the run wrote none."""
+    from services.run_events import read_events
+
+    return read_events(run_dir)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    out = []
+    for raw in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            out.append(json.loads(raw))
+        except json.JSONDecodeError:
+            continue
+    return out
 
 
 def read_tracker_steps(run_dir: Path) -> dict[str, list[int]] | None:

@@ -33,6 +33,7 @@ RESUME_AFTER_S = 1.0  # between a SIGKILLed driver's exit and its --resume
 class ChaosRun:
     def __init__(self, command: list[str], run_dir: Path, env: dict[str, str], name: str, tree: ProcessTree):
         self.run_dir, self.name, self.tree = run_dir, name, tree
+        self.requests_path = run_dir.parent / "requests.jsonl"  # the control traffic's record, beside the run
         self.started = time.monotonic()
         self.driver = Driver(command, run_dir, env, run_dir.parent / f"{run_dir.name}-driver.log", self.clock,
                              on_start=lambda process: tree.owned.add(process.pid))
@@ -103,7 +104,8 @@ class ChaosRun:
     # -- the observer ----------------------------------------------------------------------------------------
 
     def go(self, schedule: Schedule, token: str, deadline_s: float) -> None:
-        self.injector, self.traffic = Injector(schedule, self), ControlTraffic(self, token)
+        self.injector = Injector(schedule, self)
+        self.traffic = ControlTraffic(self, token, self.requests_path)
         self.driver.start()
         last_scan = 0.0
         try:

@@ -5,7 +5,7 @@ Each check stands on its own: a record that is missing or empty fails it (a run 
     checks = [check_steps(metrics_lines, steps), check_batches(metrics_lines, selections, m, n),
               check_versions(selections, max_staleness), check_trackers(tracker_scalars, steps),
               check_streams(streams, dead_letters), check_processes(leftovers, seen),
-              check_weights(max_abs_diff), check_control(requests)]
+              check_weights(max_abs_diff), check_control(requests, windows)]
 
 - steps: every step 1..steps has exactly one line in metrics.jsonl and selections.jsonl (none twice, none
   skipped, none after the end), in order, and the policy version after step s is s (one update per step: the step
@@ -24,8 +24,10 @@ Each check stands on its own: a record that is missing or empty fails it (a run 
 - processes: no process of the run is alive after it ended (and some were seen);
 - weights: the final weights equal the reference run's (deterministic rollouts), or the final held-out accuracy
   is within noise of the reference's;
-- control: the control plane answered every request with 2xx or 4xx, except while the driver was down (refusals
-  then are allowed and counted); /readyz answering 503 while Redis is unreachable is its answer (counted).
+- control: the control plane answered every request as the request expected (2xx for a read or an action; 401,
+  422 or 409 for the requests sent to be refused), except while the driver was down (no answer: counted), and a
+  503 only inside a window of the run's own events (its Redis restarted, unreachable or full; a driver starting or
+  restarting; OUTAGE_MARGIN_S either side: counted).
 """
 
 from __future__ import annotations
@@ -271,23 +273,52 @@ def check_accuracy(final: tuple[float, float | None] | None, reference: tuple[fl
                                  f"{abs(a - b):.3f} {'<=' if ok else '>'} {bound:.3f} ({ACCURACY_SIGMAS:g} s.e.)")
 
 
-READINESS_PROBE = "GET /readyz"  # its 503 says "Redis unreachable": the probe's answer, not a refusal
+OUTAGE_MARGIN_S = 1.0  # a window of the run's events, widened each side: the driver looks once a second
 
 
-def check_control(requests: list[dict]) -> Check:
-    """`requests`: each {"what", "status" (int, or None when nothing answered), "error", "driver_up" (bool)}. Every
-    request answered 2xx or 4xx, except refusals while the driver was down (counted). A 503 of the readiness probe
-    (/readyz) is an answer: its contract is 503 while Redis is unreachable (a Redis restart), when the reads
-    answer from their last good reading and mutations wait for Redis (counted apart)."""
-    answered = Counter(r["status"] // 100 for r in requests if r["status"] is not None)
-    refused = [r for r in requests if r["status"] is None and not r["driver_up"]]
-    unready = [r for r in requests if r["what"] == READINESS_PROBE and r["status"] == 503]
-    bad = [r for r in requests if (r["status"] is None and r["driver_up"])
-           or (r["status"] is not None and r["status"] // 100 not in (2, 4) and r not in unready)]
-    summary = (f"{len(requests)} requests: {answered[2]} 2xx, {answered[4]} 4xx, {answered[5]} 5xx "
-               f"({len(unready)} of them /readyz: Redis unreachable); {len(refused)} refused while the driver was down")
+def excusing(request: dict, windows: list[dict], margin_s: float = OUTAGE_MARGIN_S) -> dict | None:
+    """The window of the run's events (`read_run_events`: {"type", "start", "end" (None: open)}) that the request
+    overlapped, widened by `margin_s` each side; None when it overlapped none."""
+    sent, answered = request["sent"], request.get("answered") or request["sent"]
+    return next((w for w in windows if sent <= (math.inf if w["end"] is None else w["end"]) + margin_s
+                 and answered >= w["start"] - margin_s), None)
+
+
+def check_control(requests: list[dict], windows: list[dict] | None) -> Check:
+    """`requests`: each {"what", "expect" (the statuses it may be answered with), "status" (None when nothing
+    answered), "error", "driver_up", "sent", "answered" (Unix times)}, as the chaos traffic recorded them (reads
+    expect 200, the schedule's actions 202, the requests that must be refused 401, 422 or 409); `windows`: the
+    run's own record of its outages and restarts (services/run_events.py), None when it has none.
+
+    Each request answered as it expected; a request nothing answered only while the driver was down (counted); a
+    503 only inside one of the run's windows (Redis restarted, unreachable or full; a driver starting or
+    restarting), OUTAGE_MARGIN_S either side (counted by the window's type). There must be requests, requests
+    that must be refused, and a record of the run's events to check them against."""
     if not requests:
         return Check("control", False, "no control-plane request was made: nothing to check")
-    ok = not bad
-    return Check("control", ok, summary if ok else summary + "; not answered 2xx/4xx: " + _listed(
-        f"{r['what']} -> {r['status'] or r['error']} ({r.get('phase', '?')})" for r in bad))
+    if windows is None:
+        return Check("control", False, "the run recorded no events (RUN_DIR/events.jsonl): a 503 cannot be told "
+                                       "from an outage")
+    if any("expect" not in r for r in requests):
+        return Check("control", False, f"{sum('expect' not in r for r in requests)} requests recorded without what "
+                                       f"they expected")
+    answered = {id(r) for r in requests if r["status"] in r["expect"]}
+    down = {id(r) for r in requests if r["status"] is None and not r["driver_up"]}
+    excused = {id(r): w["type"] for r in requests if r["status"] == 503 and id(r) not in answered
+               and (w := excusing(r, windows))}
+    bad = [r for r in requests if id(r) not in answered | down | set(excused)]
+    refused = Counter(r["status"] for r in requests if id(r) in answered and r["status"] // 100 == 4)
+    must_refuse = [r for r in requests if id(r) in answered and all(code // 100 == 4 for code in r["expect"])]
+    ok_2xx = len(answered) - sum(refused.values())
+    summary = (f"{len(requests)} requests: {len(answered)} answered as expected ({ok_2xx} 2xx; refused: {', '.join(f'{n} x {code}' for code, n in sorted(refused.items())) or 'none'}), "
+               f"{len(excused)} 503 inside the run's outage windows ("
+               f"{', '.join(f'{t} {n}' for t, n in sorted(Counter(excused.values()).items())) or 'none'}), "
+               f"{len(down)} unanswered while the driver was down")
+    problems = [f"{r['what']} -> {r['status'] or r['error']} (expected {'/'.join(map(str, r['expect']))}, "
+                f"{r.get('phase', '?')})" for r in bad]
+    if not must_refuse:
+        problems.append("no request that must be refused was refused")
+    if not ok_2xx:
+        problems.append("no request was answered 2xx")
+    ok = not problems
+    return Check("control", ok, summary if ok else summary + "; " + _joined(problems))

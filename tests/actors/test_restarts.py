@@ -1,5 +1,6 @@
 """The driver's restarts (entrypoints/train.py): a failure that a restart can cure is retried, also when it comes
-while the fleet is starting (an actor killed in its constructor), not only while the fleet runs."""
+while the fleet is starting (an actor killed in its constructor), not only while the fleet runs; the driver's start
+and its restart are windows of the run's events (RUN_DIR/events.jsonl)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,9 @@ def test_an_actor_lost_while_the_fleet_starts_is_a_restart(untrained_tiny, ray_s
     with pytest.raises(RuntimeError, match="the second start was reached"):
         run_training(cfg, run_dir=str(tmp_path / "run"))
     assert len(starts) == 2  # the lost actor cost a restart (from the start: no checkpoint yet), not the run
+    from services.run_events import read_events
+
+    start, restart = [w for w in read_events(tmp_path / "run") if w["type"] in ("driver_start", "restart")]
+    assert (start["type"], start["detail"], restart["type"]) == ("driver_start", "a fresh start", "restart")
+    assert start["start"] < start["end"] <= restart["start"]  # the start ended in the failure the restart began at
+    assert "ActorDiedError" in restart["detail"] and restart["end"] is None  # the second start never came up

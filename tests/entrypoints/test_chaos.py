@@ -147,3 +147,51 @@ def test_the_final_reading_of_the_runs_redis_balances_its_counts_and_finds_nothi
         assert len(dead) == 3 and all(s["counts"]["put"] == 3 and s["counts"]["dead"] == 1 for s in streams.values())
     else:
         assert result.ok is False and "rollout_requests: the stream is missing" in result.detail, result.detail
+
+
+@pytest.mark.redis
+def test_the_control_traffic_records_what_each_request_expected_and_a_real_control_plane_answers_so(tmp_path):
+    """Against a real control plane (uvicorn, an embedded Redis, a run publishing its state): the requests that must
+    be refused are refused with the status each expected (a wrong token 401, a bad body 422, a resume while not
+    paused 409, and while a pause of ours is in effect a k above k_max 409), the scheduled actions answered 202,
+    each request recorded in the file the `control` check reads; the check passes them against the run's events."""
+    from types import SimpleNamespace
+
+    from entrypoints.chaos.final import read_requests
+    from entrypoints.chaos.traffic import ControlTraffic
+    from pcl.strategies.prompt_curriculum import PCLStrategy
+    from pcl.tools.chaos_checks import check_control
+    from pcl.tools.chaos_schedule import Action
+    from services.control.api import create_app
+    from services.control.run import RunControl
+    from services.control.server import ControlServer
+    from services.control.store import ControlStore
+    from services.redis_server import start_embedded
+
+    token = "chaos-traffic-test-token-0123456789abcdef"
+    with start_embedded(tmp_path / "redis", appendonly=False) as handle:
+        store = ControlStore(handle.client(decode_responses=True), "chaos")
+        store.set_k_max(16)
+        RunControl(store, steps_total=10, poll_s=0.02).at_step_boundary(0, PCLStrategy(m=8, n=4, tau=0.5, k=4))
+        server = ControlServer(create_app(store, token), "127.0.0.1", 0).start()
+        try:
+            run = SimpleNamespace(driver=SimpleNamespace(control_url=server.url, state="up"), clock=time.monotonic,
+                                  control_up=lambda: True, phase=lambda: "rollout")
+            traffic = ControlTraffic(run, token, tmp_path / "requests.jsonl")
+            traffic.t0 = time.monotonic()
+            for n in range(3):
+                traffic._refused(n)
+            assert traffic._act(Action(0.0, "pause")) and traffic.paused
+            traffic._refused(2)  # a pause of ours in effect: the conflict is a k above k_max
+            assert traffic._act(Action(0.0, "tau", 0.4)) and traffic._act(Action(0.0, "resume"))
+            traffic.request("GET", "/v1/status")
+        finally:
+            server.stop()
+    recorded = read_requests(tmp_path / "requests.jsonl")
+    assert [(r["what"], r["expect"], r["status"]) for r in recorded] == [
+        ("pause with a wrong token", [401], 401), ("params with a bad body", [422], 422),
+        ("resume while not paused", [409], 409), ("pause", [202], 202), ("k above k_max", [409], 409),
+        ("tau", [202], 202), ("resume", [202], 202), ("GET /v1/status", [200], 200)]
+    assert all(r["sent"] <= r["answered"] for r in recorded) and not traffic.paused
+    result = check_control(recorded, [])
+    assert result.ok and "refused: 1 x 401, 2 x 409, 1 x 422" in result.detail, result.detail

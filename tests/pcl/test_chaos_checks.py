@@ -130,9 +130,11 @@ def test_streams_whose_counts_balance_pass():
     (lambda s: s["rollout_results"].update(group=False), "rollout_results: its consumer group is missing"),
     (lambda s: s["rollout_requests"]["counts"].update(put=0, acked=0, trimmed=0, trimmed_unacked=0),
      "rollout_requests: no entry counted as put"),
-    (lambda s: s["rollout_requests"]["counts"].update(trimmed=39), "39 removed by trims and purges, 0 left: +1 unaccounted for"),  # gone uncounted
+    (lambda s: s["rollout_requests"]["counts"].update(trimmed=39),  # an entry gone uncounted
+     "39 removed by trims and purges, 0 left: +1 unaccounted for"),
     (lambda s: s["rollout_requests"]["counts"].update(acked=39), "40 entries added, 41 accounted for"),
-    (lambda s: s["rewards"]["counts"].update(dead=2, acked=299), "rewards: 2 entries dead-lettered, 1 dead letters kept"),
+    (lambda s: s["rewards"]["counts"].update(dead=2, acked=299),
+     "rewards: 2 entries dead-lettered, 1 dead letters kept"),
     (lambda s: s["rewards"]["counts"].update(dead=0, trimmed_unacked=1), "rewards: 0 entries dead-lettered, 1 dead "
                                                                           "letters kept"),
 ])
@@ -163,24 +165,58 @@ def test_leftover_processes_weights_and_accuracy():
     assert check_accuracy(None, (0.5, 0.1)).ok is None
 
 
-def test_the_control_check_allows_refusals_only_while_the_driver_is_down():
-    fine = [{"what": "GET /v1/status", "status": 200, "error": None, "driver_up": True},
-            {"what": "pause", "status": 409, "error": "already paused", "driver_up": True},
-            {"what": "GET /v1/status", "status": None, "error": "refused", "driver_up": False}]
-    result = check_control(fine)
-    assert result.ok and "1 refused while the driver was down" in result.detail
-    unready = {"what": "GET /readyz", "status": 503, "error": "Redis unreachable", "driver_up": True}
-    result = check_control(fine + [unready])  # the probe's answer while Redis restarts
-    assert result.ok and "1 5xx (1 of them /readyz: Redis unreachable)" in result.detail
-    for bad in ({"what": "GET /v1/status", "status": None, "error": "ConnectionRefused", "driver_up": True},
-                {"what": "GET /metrics", "status": 503, "error": "Redis", "driver_up": True},
-                {"what": "GET /v1/status", "status": 503, "error": "Redis", "driver_up": True},
-                {"what": "pause", "status": 503, "error": "Redis", "driver_up": True},
-                {"what": "GET /readyz", "status": 500, "error": "boom", "driver_up": True},
-                {"what": "tau", "status": 500, "error": "boom", "driver_up": False}):
-        result = check_control(fine + [bad])
-        assert result.ok is False and bad["what"] in result.detail
-    
+def req(what: str, status: int | None, at: float, expect=(200,), driver_up: bool = True, took: float = 0.1) -> dict:
+    return {"what": what, "expect": list(expect), "status": status, "error": None if status else "refused",
+            "driver_up": driver_up, "sent": at, "answered": at + took, "phase": "rollout"}
+
+
+WINDOWS = [{"type": "driver_start", "start": 0.0, "end": 20.0, "detail": "", "pid": 1},
+           {"type": "redis_restart", "start": 100.0, "end": 102.0, "detail": "killed by signal 9", "pid": 1}]
+
+
+def fine_traffic() -> list[dict]:
+    return [req("GET /v1/status", 200, 30.0), req("pause", 202, 31.0, expect=[202]),
+            req("pause with a wrong token", 401, 32.0, expect=[401]),
+            req("params with a bad body", 422, 33.0, expect=[422]), req("resume while not paused", 409, 34.0, [409]),
+            req("GET /v1/status", None, 60.0, driver_up=False), req("pause", 409, 61.0, expect=[202, 409])]
+
+
+def test_the_control_check_passes_expected_answers_and_503s_inside_the_runs_outage_windows():
+    result = check_control(fine_traffic(), WINDOWS)
+    assert result.ok and "7 requests: 6 answered as expected (2 2xx; refused: 1 x 401, 2 x 409, 1 x 422)" in \
+        result.detail and "1 unanswered while the driver was down" in result.detail, result.detail
+    inside = [req("GET /readyz", 503, 101.0), req("tau", 503, 96.0, expect=[202], took=5.0),  # waited 5 s, then 503
+              req("GET /v1/status", 503, 102.9)]  # within the 1 s margin
+    result = check_control(fine_traffic() + inside, WINDOWS)
+    assert result.ok and "3 503 inside the run's outage windows (redis_restart 3)" in result.detail, result.detail
+    still_open = WINDOWS + [{"type": "redis_unreachable", "start": 500.0, "end": None, "detail": "", "pid": 2}]
+    assert check_control(fine_traffic() + [req("GET /readyz", 503, 900.0)], still_open).ok
+
+
+@pytest.mark.parametrize("bad, needle", [
+    (req("pause", 409, 40.0, expect=[202]), "pause -> 409 (expected 202"),  # a 4xx passes only where expected
+    (req("pause with a wrong token", 202, 40.0, expect=[401]), "pause with a wrong token -> 202 (expected 401"),
+    (req("params with a bad body", 500, 101.0, expect=[422]), "-> 500 (expected 422"),  # only 503 is excused
+    (req("GET /readyz", 503, 150.0), "GET /readyz -> 503 (expected 200"),  # outside every window
+    (req("GET /readyz", 503, 103.2), "GET /readyz -> 503"),  # beyond the margin
+    (req("GET /v1/status", None, 40.0), "GET /v1/status -> refused (expected 200"),  # the driver was up
+])
+def test_the_control_check_flags_unexpected_answers(bad, needle):
+    result = check_control(fine_traffic() + [bad], WINDOWS)
+    assert result.ok is False and needle in result.detail, result.detail
+
+
+def test_the_control_check_needs_refusals_a_2xx_expectations_and_the_runs_events():
+    no_refusals = [r for r in fine_traffic() if r["expect"] != [401] and r["expect"] != [422]
+                   and r["what"] != "resume while not paused"]
+    assert "no request that must be refused was refused" in check_control(no_refusals, WINDOWS).detail
+    only_refusals = [r for r in fine_traffic() if r["status"] and r["status"] // 100 == 4]
+    assert "no request was answered 2xx" in check_control(only_refusals, WINDOWS).detail
+    unrecorded = check_control(fine_traffic(), None)
+    assert unrecorded.ok is False and "the run recorded no events" in unrecorded.detail
+    old = [{k: v for k, v in r.items() if k != "expect"} for r in fine_traffic()]
+    assert "7 requests recorded without what they expected" in check_control(old, WINDOWS).detail
+
 
 def test_steps_redone_and_recovery_from_the_timeline():
     timeline = [("commit", 10.0, 1), ("commit", 12.0, 2), ("commit", 14.0, 3), ("restored", 40.0, 2),
@@ -230,7 +266,7 @@ def test_the_report_counts_by_kind_and_prints_the_replay_on_failure():
     (lambda: check_trackers({}, STEPS), "steps never written"),
     (lambda: check_streams({}, []), "no work stream"),
     (lambda: check_processes([], seen=0), "no process of the run was seen"),
-    (lambda: check_control([]), "no control-plane request"),
+    (lambda: check_control([], []), "no control-plane request"),
 ])
 def test_a_run_of_nothing_fails_each_check(check, needle):
     result = check()
