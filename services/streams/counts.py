@@ -218,7 +218,8 @@ class CountedStream:
         """Move a pending entry to `dead_stream` as `letter`, acknowledge and count it; False (nothing written)
         when the entry is no longer pending."""
         flat = [part for key_value in letter.items() for part in key_value]
-        return bool(self._dead(keys=[self.stream, self.counts, dead_stream], args=[self.group, entry_id, maxlen, *flat]))
+        return bool(self._dead(keys=[self.stream, self.counts, dead_stream],
+                               args=[self.group, entry_id, maxlen, *flat]))
 
     def trim(self, min_id: str, last_trimmed: str) -> int:
         return int(self._trim(keys=[self.stream, self.counts], args=[self.group, min_id, last_trimmed]))
