@@ -119,6 +119,10 @@ class ValueModelConfig(Section):
                                                    "at least data.max_prompt_tokens. null: batch_size prompts a pass.")
     activation_checkpointing: bool = Field(False, description="Recompute each layer of V's backbone in its backward "
                                            "pass (training only; scoring keeps no activations).")
+    train_beside_policy: bool = Field(True, description="V's step on a batch runs beside the policy's (both train "
+                                      "on the same batch; V's actor may share the learner's cores). false: after "
+                                      "it, so that the policy's step time (policy_train_seconds) is its own; the "
+                                      "algorithm is the same, the step longer by V's step.")
     resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each value scorer needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
 
 

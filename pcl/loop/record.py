@@ -68,8 +68,13 @@ class StepRecord:
                                              "histogram", every_step=True)
     generation_seconds: float | None = figure("Seconds per step generating and verifying the rollouts.",
                                               "histogram", every_step=True, title="generation time per step (s)")
-    train_seconds: float | None = figure("Seconds per step of the policy (and V's) training step.",
+    train_seconds: float | None = figure("Seconds per step training: the group-mean advantages, the policy's step "
+                                         "and V's (beside it, or after it: value.train_beside_policy).",
                                          every_step=True)
+    policy_train_seconds: float | None = figure(
+        "Seconds per step the loop waited for the policy's own training step (the learner group's call, batch sent "
+        "to figures back). Part of train_seconds; leaves out the advantages and V's step, except that V's step "
+        "running beside it on shared cores may slow it.", every_step=True, title="policy step (s)")
     weight_sync_seconds: float | None = figure("Seconds per step pushing new weights to the rollout fleet.",
                                                "histogram", every_step=True)
     probe_seconds: float | None = figure("Seconds of the last step's generation spent on V's explained-variance "

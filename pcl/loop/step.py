@@ -11,7 +11,7 @@ the step's policy version:
     4. generate n responses each and 5. verify them        rollouts.generate_rollouts(...)
 until the strategy's batch of m prompts is ready; then
     6. group-mean advantages, 7. one policy-gradient step  learner.train(...)
-    8. V's step on the batch's realised pass rates         scorer.train(...), beside 7
+    8. V's step on the batch's realised pass rates         scorer.train(...), beside 7 (or after it)
     9. the new weights to the rollout fleet                learner.sync_weights(version + 1)
 and the step's metrics record. Besides the batch, V's explained-variance probe: once a step, a random
 unfiltered sample of the scored candidates is rolled out too, to measure how well V predicts (PCL only).
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from pcl.loop.ahead import GenerationAhead
-from pcl.loop.batch import group_samples, training_sequences
+from pcl.loop.batch import Groups, group_samples, training_sequences
 from pcl.config import Config
 from pcl.data.prompts import PromptRecord
 from pcl.engines.request import SamplingParams
@@ -88,7 +88,7 @@ class StepLoop:
 
     def train_step(self, step: int) -> StepRecord:
         """Step `step` (0-based) with the configured selection strategy; returns the step's metrics record."""
-        m, n, timer = self.cfg.run.m, self.cfg.run.n, StepTimer(self.clock)
+        n, timer = self.cfg.run.n, StepTimer(self.clock)
         with timer("step_seconds"):
             self.prepare_reference(timer)  # once: the initial policy's pass rates, where the strategy needs them
             batch = self.next_batch(step, timer)  # 1-5. candidates, V, selection, verified responses
@@ -100,11 +100,8 @@ class StepLoop:
             groups = group_samples(samples, batch.ids, n)
             if self.ahead is not None:  # asynchronous: step + s's batch is generated while this one trains
                 self.ahead.start(step, timer)
-            with timer("train_seconds"):  # 6-7. group-mean advantages, one policy-gradient step; 8. train V
-                value_step = self.train_value(batch.prompts, groups.pass_rates)
-                sequences = training_sequences(groups, self.cfg.learner.off_policy.correction)
-                learn = self.learner.train(sequences, global_count=m * n)
-                value_stats = value_step.result() if value_step is not None else {}
+            with timer("train_seconds"):  # 6-8.
+                sequences, learn, value_stats = self.train_policy_and_value(batch, groups, timer)
             waits = self.ahead.finish(timer) if self.ahead is not None else {}
             with timer("weight_sync_seconds"):  # 9.
                 self.sync_weights(self.policy_version + 1)
@@ -208,8 +205,22 @@ class StepLoop:
         candidates = self.prompts.sample(self.strategy.needs.prefetch)
         self.state.prefetched = (candidates, self._scorer().score([c.prompt_token_ids for c in candidates]))
 
+    def train_policy_and_value(self, batch: StepBatch, groups: Groups,
+                               timer: StepTimer) -> tuple[list[dict], dict, dict]:
+        """Steps 6-8: group-mean advantages, one policy-gradient step, and V's step on the batch's realised pass
+        rates, beside the policy's (`value.train_beside_policy`, the default) or after it. Returns the policy's
+        training sequences, the learner's figures and V's."""
+        beside = self.cfg.value.train_beside_policy
+        value_step = self.train_value(batch.prompts, groups.pass_rates) if beside else None  # 8. beside 7
+        sequences = training_sequences(groups, self.cfg.learner.off_policy.correction)  # 6.
+        with timer("policy_train_seconds"):  # 7.
+            learn = self.learner.train(sequences, global_count=self.cfg.run.m * self.cfg.run.n)
+        if not beside:
+            value_step = self.train_value(batch.prompts, groups.pass_rates)  # 8. after 7
+        return sequences, learn, value_step.result() if value_step is not None else {}
+
     def train_value(self, selected: list[PromptRecord], pass_rates: np.ndarray):
-        """Start V's step on the selected prompts (step 8); runs beside the policy step."""
+        """Start V's step on the selected prompts (step 8); it runs in V's own actor while the caller goes on."""
         if not self.strategy.needs.values:
             return None
         return self._scorer().train([p.prompt_token_ids for p in selected], pass_rates.tolist())

@@ -2,7 +2,9 @@
 
 A world of prompts with known pass rates: rewards are Bernoulli draws that are a pure function of (prompt,
 sample index, policy version), so two loops in the same state generate the same samples; V predicts the true
-pass rate; generation advances a fake clock by a fixed time per sample, so durations are exact.
+pass rate; generation advances a fake clock by a fixed time per sample, so durations are exact. The policy's
+step takes `learner_seconds` of that clock, V's step `value_seconds` running beside the caller (its result is ready
+that long after it started).
 """
 
 from __future__ import annotations
@@ -49,6 +51,18 @@ class FakeClock:
         self.now += seconds
 
 
+class Later:
+    """Work running beside the caller on the fake clock: done `seconds` after it started; `result()` waits until
+    then (advancing the clock when the caller gets there sooner)."""
+
+    def __init__(self, clock: FakeClock, seconds: float, value: Any):
+        self.clock, self.done_at, self.value = clock, clock.now + seconds, value
+
+    def result(self) -> Any:
+        self.clock.now = max(self.clock.now, self.done_at)
+        return self.value
+
+
 class FakePrompts:
     """A seeded shuffle with a cursor, distinct within a draw (the sampler's contract)."""
 
@@ -81,18 +95,21 @@ class FakePrompts:
 class FakeScorer:
     """V = the true pass rate; records what it was trained on."""
 
-    def __init__(self, rates: dict[str, float], records: list[PromptRecord]):
+    def __init__(self, rates: dict[str, float], records: list[PromptRecord], clock: FakeClock | None = None,
+                 seconds: float = 0.0):
         self.by_tokens = {tuple(p.prompt_token_ids): rates[p.id] for p in records}
         self.trained: list[list[float]] = []
         self.steps = 0
+        self.clock, self.seconds = clock or FakeClock(), seconds  # each step's duration, beside the caller
 
     def score(self, prompt_token_ids: Sequence[Sequence[int]]) -> Ready:
         return Ready(np.array([self.by_tokens[tuple(t)] for t in prompt_token_ids]))
 
-    def train(self, prompt_token_ids: Sequence[Sequence[int]], pass_rates: Sequence[float]) -> Ready:
+    def train(self, prompt_token_ids: Sequence[Sequence[int]], pass_rates: Sequence[float]) -> Later:
         self.trained.append(list(pass_rates))
         self.steps += 1
-        return Ready({"value_loss": float(np.mean(pass_rates)), "value_steps": float(self.steps)})
+        return Later(self.clock, self.seconds, {"value_loss": float(np.mean(pass_rates)),
+                                                "value_steps": float(self.steps), "value_train_seconds": self.seconds})
 
     def save(self, directory: str) -> None:
         Path(directory).mkdir(parents=True, exist_ok=True)
@@ -137,9 +154,10 @@ class FakeRollouts:
 
 
 class FakeLearner:
-    """Counts its steps; the 'weights' are the number of steps taken."""
+    """Counts its steps; the 'weights' are the number of steps taken. A step takes `seconds` of `clock`."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: FakeClock | None = None, seconds: float = 0.0) -> None:
+        self.clock, self.seconds = clock or FakeClock(), seconds
         self.steps = 0
         self.trained: list[tuple[int, int]] = []  # (sequences, global_count) of each step
         self.synced: list[int] = []
@@ -147,6 +165,7 @@ class FakeLearner:
     def train(self, sequences: Sequence[dict], global_count: int) -> dict[str, float]:
         self.steps += 1
         self.trained.append((len(sequences), global_count))
+        self.clock.advance(self.seconds)
         return {"loss": 0.1 * self.steps, "grad_norm": float(len(sequences)), "learner_padding_ratio": 0.25}
 
     def sync_weights(self, version: int) -> None:
@@ -212,7 +231,8 @@ class FakeFleet:
     """A run on the fakes: the ports, the loop and its schedule (`TrainingRun`)."""
 
     def __init__(self, run_dir: str | Path, cfg: Config, plan: dict[int, dict] | None = None,
-                 held_out: int = 0, suite: dict[str, list[PromptRecord]] | None = None, count: int = 40):
+                 held_out: int = 0, suite: dict[str, list[PromptRecord]] | None = None, count: int = 40,
+                 learner_seconds: float = 0.0, value_seconds: float = 0.0):
         from pcl.loop import Evaluation, StepLoop, TrainingRun
         from pcl.strategies import make_strategy
 
@@ -220,9 +240,9 @@ class FakeFleet:
         self.records, self.rates = world(count)
         self.clock = FakeClock()
         self.prompts = FakePrompts(self.records)
-        self.scorer = FakeScorer(self.rates, self.records)
+        self.scorer = FakeScorer(self.rates, self.records, self.clock, value_seconds)
         self.rollouts = FakeRollouts(self.rates, self.clock)
-        self.learner = FakeLearner()
+        self.learner = FakeLearner(self.clock, learner_seconds)
         self.control = FakeControl(self.clock, plan)
         self.strategy = make_strategy(cfg.selection, cfg.run.m, cfg.run.seed, n=cfg.run.n)
         scorer = self.scorer if self.strategy.needs_values else None

@@ -23,10 +23,12 @@ STRATEGIES = {
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_one_step_of_each_strategy_trains_on_m_groups_of_n(tmp_path, name):
-    fleet = FakeFleet(tmp_path, config(STRATEGIES[name]))
+    fleet = FakeFleet(tmp_path, config(STRATEGIES[name]), learner_seconds=0.2, value_seconds=0.1)
     record = fleet.loop.train_step(0)
 
     assert record["step"] == 1 and record["policy_version"] == 1 and fleet.learner.synced == [1]
+    assert record["policy_train_seconds"] == pytest.approx(0.2)  # the policy's own step, a part of train_seconds
+    assert record["policy_train_seconds"] <= record["train_seconds"]
     assert record["batch_samples"] == record["batch_unique_samples"] == M * N  # each (prompt, index) once
     assert fleet.learner.trained == [(record["train_sequences"], M * N)]  # the loss divides by m*n
     assert record["learner_padding_ratio"] == 0.25  # the learner's per-step padding share reaches the record
@@ -93,6 +95,20 @@ def test_the_probe_runs_every_ev_every_steps_only(tmp_path):
         assert 0.0 <= record["selected_value_mean"] <= 1.0  # V's predictions of the batch, probe or not
         assert record["samples_generated"] == M * N and (record["probe_seconds"] > 0) == due
         assert fleet.rollouts.calls[records.index(record)]["samples"] == M * N + record["probe_samples"]
+
+
+@pytest.mark.parametrize("beside", [True, False])
+def test_the_policys_own_step_is_timed_apart_from_vs(tmp_path, beside):
+    """policy_train_seconds is the policy's step alone; train_seconds also holds V's step: beside the policy's (the
+    default) it costs what it runs past the policy's end, after it (value.train_beside_policy: false) all of it."""
+    cfg = config(STRATEGIES["pcl"], value={"ev_sample": 6, "train_beside_policy": beside})
+    fleet = FakeFleet(tmp_path, cfg, learner_seconds=0.3, value_seconds=0.5)
+    record = fleet.loop.train_step(0)
+    assert record["policy_train_seconds"] == pytest.approx(0.3) and record["value_train_seconds"] == 0.5
+    assert record["train_seconds"] == pytest.approx(0.5 if beside else 0.8)
+    assert len(fleet.scorer.trained) == 1  # V trained once on the batch, either way
+    uniform = FakeFleet(tmp_path / "uniform", config(STRATEGIES["uniform"]), learner_seconds=0.3, value_seconds=0.5)
+    assert uniform.loop.train_step(0)["train_seconds"] == pytest.approx(0.3)  # no V: the policy's step alone
 
 
 def test_pipelined_selection_scores_the_next_steps_candidates_during_this_step(tmp_path):
