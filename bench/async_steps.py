@@ -59,8 +59,9 @@ def read_steps(run_dir: Path) -> list[dict]:
 
 
 def timed(steps: list[dict]) -> list[dict]:
-    """The steps whose durations are compared: from step 3 on (all of them in a run of fewer steps)."""
-    return [r for r in steps if r["step"] >= FIRST_TIMED_STEP] or steps
+    """The steps whose durations are compared: from step 3 on (none in a run of fewer steps: the first steps of a
+    run one step ahead also generate their own batch on the spot, so they are not steps like the others)."""
+    return [r for r in steps if r["step"] >= FIRST_TIMED_STEP]
 
 
 def outside_policy_step(line: dict) -> float:
@@ -108,9 +109,10 @@ def run_figures(run_dir: Path) -> dict | None:
     if not steps or not steps[-1].get("train_elapsed_seconds"):
         return None
     mean = lambda key: statistics.fmean([r[key] for r in steps if r.get(key) is not None] or [math.nan])  # noqa: E731
-    policy = [r["policy_train_seconds"] for r in timed(steps) if r.get("policy_train_seconds") is not None]
+    later = timed(steps) or steps  # a short run's table row: all its steps
+    policy = [r["policy_train_seconds"] for r in later if r.get("policy_train_seconds") is not None]
     return {"steps": len(steps), "steps_per_second": len(steps) / steps[-1]["train_elapsed_seconds"],
-            "step_median": statistics.median(r["step_seconds"] for r in timed(steps)),
+            "step_median": statistics.median(r["step_seconds"] for r in later),
             "policy_median": statistics.median(policy) if policy else math.nan,
             "generation": mean("generation_seconds"), "train": mean("train_seconds"),
             "learner_wait": mean("learner_wait_seconds"), "fleet_wait": mean("fleet_wait_seconds"),
@@ -166,7 +168,11 @@ def report_overhead(steps: dict[str, list[dict]]) -> dict[str, float]:
     """PCL's overhead on each placement both arms ran on, where its time goes, and V's share of the policy's step."""
     ratios: dict[str, float] = {}
     for pcl, uniform, where in OVERHEAD_PAIRS:
-        if not steps.get(pcl) or not steps.get(uniform):
+        if pcl not in steps or uniform not in steps:
+            continue
+        if not steps[pcl] or not steps[uniform]:
+            print(f"PCL's overhead ({where}): no step {FIRST_TIMED_STEP} or later in the runs of {pcl} or {uniform} "
+                  "(a longer --budget)")
             continue
         o = overhead(steps[pcl], steps[uniform])
         if o is None:
@@ -186,6 +192,8 @@ def report_overhead(steps: dict[str, list[dict]]) -> dict[str, float]:
         print("  besides the policy step, mean s (PCL / uniform): " +
               ", ".join(f"{key} {_seconds(mine[key])} / {_seconds(theirs[key])}" for key in mine))
     beside, after = (steps.get(arm) for arm in V_AFTER)
+    if beside is not None and after is not None and not (beside and after):
+        print(f"V's step beside the policy's: no step {FIRST_TIMED_STEP} or later in the runs of {' or '.join(V_AFTER)}")
     if beside and after and all(r.get("policy_train_seconds") is not None for r in beside + after):
         policy = [statistics.median(r["policy_train_seconds"] for r in lines) for lines in (beside, after)]
         values = [r["value_train_seconds"] for r in beside if r.get("value_train_seconds") is not None]

@@ -134,3 +134,15 @@ def test_every_arm_of_the_experiment_is_a_valid_config(arm):
         assert cfg.value.train_beside_policy is False and cfg.selection.type == "pcl"
     for pcl, uniform, _ in async_steps.OVERHEAD_PAIRS:
         assert pcl in EXPERIMENT["strategies"] and uniform in EXPERIMENT["strategies"]
+
+
+def test_runs_without_a_third_step_give_no_overhead_and_say_so(tmp_path, capsys):
+    """The first steps are not compared (start-up; one step ahead, the first generates its own batch too), even
+    when a run has no others."""
+    write_run(tmp_path, "pcl-async", 0, run_of(2, policy=2.0, value=1.0))
+    write_run(tmp_path, "uniform-async", 0, run_of(2, policy=1.0))
+    figures = async_steps.main(["--report-only", "--runs-dir", str(tmp_path), "--seeds", "0", "--arms", "pcl-async",
+                                "uniform-async"])
+    assert not any(key.startswith("pcl overhead") for key in figures["ratios"])
+    assert ("PCL's overhead (1-rank learner, one step ahead): no step 3 or later in the runs of pcl-async or "
+            "uniform-async (a longer --budget)") in capsys.readouterr().out
