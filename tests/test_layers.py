@@ -1,86 +1,166 @@
 """The layers and the one direction of their dependencies: entrypoints -> actors -> services -> pcl.
 
-Read from the source (every `import` and `from ... import` in every module, at top level or inside a function),
-so that a late import cannot hide an edge. Fails on any import cycle between modules, on any import that points
-up the layers, on any `pcl` module that imports ray, redis, services or actors, on any `services` module that
-imports ray (Ray is the actor layer's), and on a `bench/` script that takes from `entrypoints/` anything but the
-training driver itself (`entrypoints.train.run_training`): model, tokenizer and data loading and Ray start-up
-are in the library, where both use them.
+Read from the source (every `import` and `from ... import` in every module, at top level, under TYPE_CHECKING or
+inside a function), so that a late import cannot hide an edge. Importing `a.b.c` runs `a/__init__.py` and
+`a/b/__init__.py` first, so an import counts as an edge to each package on its way too (except the importer's own
+packages, which are already running when it runs). Fails on any import cycle between modules counted that way,
+on two packages of a layer that import each other (`pcl.loop` and `pcl.strategies`, say, whichever modules it
+goes through), on a core module outside `pcl/loop/` that imports the loop (the loop is the core's top: what
+strategies, models and engines share sits below it), on any import that points up the layers, on any `pcl`
+module that imports ray, redis, services or actors, on any `services` module that imports ray (Ray is the actor
+layer's), and on a `bench/` script that takes from `entrypoints/` anything but the training driver itself
+(`entrypoints.train.run_training`): model, tokenizer and data loading and Ray start-up are in the library, where
+both use them.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+from collections import deque
 from pathlib import Path
+from typing import Iterable
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("pcl", "services", "actors", "entrypoints")  # bottom to top: a layer imports only those below it
 INFRASTRUCTURE = ("ray", "redis")  # the core runs without them
+CORE_TOP = "pcl.loop"  # the training loop: it uses the rest of the core, nothing else in the core uses it
 
 
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imports_of(path: Path) -> set[str]:
-    """Every module name `path` imports (absolute or relative), with where the import sits."""
+def imports_of(path: Path, root: Path = ROOT) -> dict[str, int]:
+    """Every module name `path` imports (absolute or relative), with the line of its first import."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    package = module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path)
-    names: set[str] = set()
+    package = module_name(path, root).rsplit(".", 1)[0] if path.name != "__init__.py" else module_name(path, root)
+    names: dict[str, int] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
+            found = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parent = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parent + ([base] if base else []))
-            names.add(base)
-            names.update(f"{base}.{alias.name}" for alias in node.names)  # `from pkg import module`
+            found = [base] + [f"{base}.{alias.name}" for alias in node.names]  # `from pkg import module`
+        else:
+            continue
+        for name in found:
+            names[name] = min(names.get(name, node.lineno), node.lineno)
     return names
 
 
-def graph() -> dict[str, set[str]]:
-    """Edges between the project's own modules."""
-    modules = {module_name(p): p for layer in LAYERS for p in (ROOT / layer).rglob("*.py")}
-    edges: dict[str, set[str]] = {}
+def packages_of(module: str) -> list[str]:
+    """The packages that importing `module` runs before it, outermost first: a.b.c -> [a, a.b]."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+@functools.cache  # read once for the tests below (the tree does not change while they run)
+def graph(root: Path = ROOT, layers: tuple[str, ...] = LAYERS) -> dict[str, dict[str, str]]:
+    """Edges between the project's own modules (a package is its `__init__`): module -> {what importing it runs:
+    where the import is, `path:line`}. `import a.b.c` runs a, a.b and a.b.c, less the importer's own packages."""
+    modules = {module_name(p, root): p for layer in layers for p in (root / layer).rglob("*.py")}
+    edges: dict[str, dict[str, str]] = {}
     for name, path in modules.items():
-        edges[name] = {target for target in imports_of(path) if target in modules and target != name}
+        running = {name, *packages_of(name)}
+        edges[name] = {}
+        for target, line in sorted(imports_of(path, root).items()):
+            for runs in [*packages_of(target), target]:
+                if runs in modules and runs not in running:
+                    edges[name].setdefault(runs, f"{path.relative_to(root)}:{line} imports {target}")
     return edges
+
+
+def package_of(module: str) -> str:
+    """The part of its layer a module belongs to: a subpackage or a top-level module (pcl.loop.step -> pcl.loop)."""
+    return ".".join(module.split(".")[:2])
+
+
+def package_graph(edges: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """The module graph seen between the parts of the layers (`package_of`), each edge with one import behind it."""
+    out: dict[str, dict[str, str]] = {}
+    for a, targets in sorted(edges.items()):
+        for b, where in sorted(targets.items()):
+            pa, pb = package_of(a), package_of(b)
+            if pa != pb and "." in pa and "." in pb:  # a layer's own __init__ belongs to no part of it
+                out.setdefault(pa, {}).setdefault(pb, where)
+    return out
 
 
 def layer_of(module: str) -> int:
     return LAYERS.index(module.split(".")[0])
 
 
-def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
-    """One import cycle as a path [a, b, ..., a], or None."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
+def cycles(edges: dict[str, Iterable[str]]) -> list[list[str]]:
+    """One cycle [a, b, ..., a] for each strongly connected component of the graph that has one (Tarjan's
+    algorithm): every cycle of the graph runs inside one of them. The cycle shown is the shortest through the
+    component's first node by name."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[set[str]] = []
 
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
+    def enter(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        work.append((node, iter(sorted(edges.get(node, ())))))
+
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work: list = []
+        enter(root)
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    enter(child)
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while not component or member != node:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                    components.append(component)
+    return [shortest_cycle(edges, c) for c in components if len(c) > 1 or min(c) in edges.get(min(c), ())]
+
+
+def shortest_cycle(edges: dict[str, Iterable[str]], component: set[str]) -> list[str]:
+    """The shortest path from the component's first node back to itself (breadth first)."""
+    start = min(component)
+    parent: dict[str, str] = {}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
         for nxt in sorted(edges.get(node, ())):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        path.pop()
-        state[node] = 2
-        return None
+            if nxt == start:
+                path = [node]
+                while path[-1] != start:
+                    path.append(parent[path[-1]])
+                return path[::-1] + [start]
+            if nxt in component and nxt not in parent:
+                parent[nxt] = node
+                queue.append(nxt)
+    raise AssertionError(f"no cycle through {start}")  # a strongly connected component always has one
 
-    for node in sorted(edges):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
+
+def describe(cycle: list[str], edges: dict[str, dict[str, str]]) -> str:
+    return " -> ".join(cycle) + "\n" + "\n".join(f"    {a} -> {b}: {edges[a][b]}" for a, b in zip(cycle, cycle[1:]))
 
 
 def test_the_layers_exist_as_packages():
@@ -133,17 +213,53 @@ def test_bench_takes_from_entrypoints_only_the_training_driver():
 
 
 def test_there_is_no_import_cycle():
-    cycle = find_cycle(graph())
-    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+    edges = graph()
+    found = cycles(edges)
+    assert not found, ("import cycles (an import of a.b.c runs a and a.b too; every import counts, under "
+                       "TYPE_CHECKING or inside a function as well):\n" + "\n".join(describe(c, edges) for c in found))
 
 
-@pytest.mark.parametrize("edges, cyclic", [
-    ({"a": {"b"}, "b": {"c"}, "c": set()}, False),
-    ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, True),
-    ({"a": {"a2"}, "a2": set(), "b": {"b"}}, True),
+def test_no_two_packages_import_each_other():
+    edges = package_graph(graph())
+    found = cycles(edges)
+    assert not found, ("packages of a layer that import each other (through whichever modules): move what both "
+                       "use below both\n" + "\n".join(describe(c, edges) for c in found))
+
+
+def test_the_loop_is_the_top_of_the_core():
+    bad = sorted({where for a, targets in graph().items()
+                 if a.split(".")[0] == "pcl" and package_of(a) != CORE_TOP
+                  for b, where in targets.items() if package_of(b) == CORE_TOP})
+    assert not bad, (f"the core below the loop imports {CORE_TOP}: what strategies, models and engines share with "
+                     f"the loop belongs below it:\n" + "\n".join(bad))
+
+
+@pytest.mark.parametrize("edges, found", [
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}}, [["a", "b", "c", "a"]]),
+    ({"a": {"a2"}, "a2": set(), "b": {"b"}}, [["b", "b"]]),
+    ({"a": {"b", "x"}, "b": {"a"}, "x": {"y"}, "y": {"z"}, "z": {"x", "a"}}, [["a", "b", "a"]]),
+    ({"a": {"b"}, "b": {"a"}, "c": {"d"}, "d": {"e"}, "e": {"c"}}, [["a", "b", "a"], ["c", "d", "e", "c"]]),
 ])
-def test_the_cycle_finder_finds_cycles(edges, cyclic):
-    assert (find_cycle(edges) is not None) == cyclic
+def test_the_cycle_finder_finds_one_cycle_per_tangle(edges, found):
+    assert sorted(cycles(edges)) == found
+
+
+def test_an_import_runs_the_packages_on_its_way(tmp_path):
+    """The hidden cycle: no module imports one that imports it back, but importing `top.loop.batch` runs
+    `top/loop/__init__.py`, which imports `step`, which imports the module that asked for `batch`."""
+    files = {"top/__init__.py": "", "top/loop/__init__.py": "from top.loop import step\n",
+             "top/loop/step.py": "from top.strategies import base\n", "top/loop/batch.py": "",
+             "top/strategies/__init__.py": "", "top/strategies/base.py": "def f():\n    from top.loop.batch import x\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    edges = graph(tmp_path, ("top",))
+    assert edges["top.strategies.base"] == {"top.loop": "top/strategies/base.py:2 imports top.loop.batch",
+                                            "top.loop.batch": "top/strategies/base.py:2 imports top.loop.batch"}
+    assert "top" not in edges["top.loop.step"]  # its own packages are already running
+    assert cycles(edges) == [["top.loop", "top.loop.step", "top.strategies.base", "top.loop"]]
+    assert cycles(package_graph(edges)) == [["top.loop", "top.strategies", "top.loop"]]
 
 
 # The sizes the layout keeps: a core whose top level a newcomer can read, functions that fit on a screen.
