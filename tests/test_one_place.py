@@ -7,6 +7,7 @@
     the run's inputs           pcl/data/inputs.py (model paths, tokenizer, prompt sets)
     environment fallbacks      pcl/config.py (ENV_FALLBACKS)
     sampling parameters        pcl/engines/request.py (SamplingParams: the loop's, the wire's and the engines' one type)
+    the verified sample        pcl/samples.py (Sample: what the rollouts return, the strategies and the loop hold)
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def holders(pattern: str, tops=CODE) -> list[str]:
     ("resolving a run's model path", r"def resolve_model_path\b", CODE, ["pcl/data/inputs.py"]),
     ("the sampling parameters of a request", r"(?m)^\s*class \w*SamplingParams\b", CODE, ["pcl/engines/request.py"]),
     ("SamplingParams from its old home", r"from pcl\.engines\.base import (\([^)]*|[^(\n]*)\bSamplingParams\b", CODE, []),
+    ("the verified sample", r"(?m)^\s*class Sample\b", CODE, ["pcl/samples.py"]),
+    ("Sample through the loop", r"from pcl\.loop\.batch import (\([^)]*|[^(\n]*)\bSample\b", CODE + ("tests",), []),
 ])
 def test_a_rule_has_one_home(rule, pattern, tops, home):
     found = holders(pattern, tops)

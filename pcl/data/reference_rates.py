@@ -28,7 +28,7 @@ REFERENCE_FILE = "reference_pass_rates.json"
 
 
 def pass_rates(samples: Iterable) -> dict[str, float]:
-    """prompt id -> mean reward of its samples (`pcl.loop.batch.Sample`s)."""
+    """prompt id -> mean reward of its samples (`pcl.samples.Sample`s)."""
     sums: dict[str, list[float]] = {}
     for s in samples:
         sums.setdefault(s.prompt_id, []).append(s.reward)

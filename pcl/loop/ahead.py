@@ -28,7 +28,7 @@ import threading
 from typing import Any
 
 from pcl.data.prompts import PromptRecord
-from pcl.loop.batch import Sample
+from pcl.samples import Sample
 from pcl.loop.rounds import RoundLedger, StepBatch
 
 

@@ -1,6 +1,7 @@
 """Turning one step's verified samples into the learner's batch and the step's group statistics.
 
-The coordinator collects exactly one `Sample` per (prompt, sample index) for the m selected prompts, then:
+The coordinator collects exactly one `Sample` (`pcl.samples`) per (prompt, sample index) for the m selected
+prompts, then:
 
     groups = group_samples(samples, prompt_ids, n)       # rewards[m, n] in selection order
     seqs = training_sequences(groups)                    # only samples with a non-zero advantage
@@ -17,23 +18,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
-
-from pcl.rl import group_advantages
 import torch
 
-
-@dataclass(frozen=True)
-class Sample:
-    """One verified generation, as the learner and the statistics need it."""
-
-    prompt_id: str  # the dataset's stable prompt id
-    sample_index: int  # 0..n-1 within the prompt's group
-    prompt_token_ids: tuple[int, ...]  # the templated prompt, tokenised
-    response_token_ids: tuple[int, ...]  # the generation, EOS included when it stopped
-    reward: float  # verified reward in {0, 1}; 0 for truncated responses
-    finish_reason: str  # "stop" or "length"
-    response_logprobs: tuple[float, ...] | None = None  # the engine's log pi of each response token, if reported
-    policy_version: int = -1  # the policy version that generated it (-1: not recorded)
+from pcl.rl import group_advantages
+from pcl.samples import Sample
 
 
 @dataclass(frozen=True)

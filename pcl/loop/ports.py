@@ -22,7 +22,7 @@ from typing import Any, Callable, Protocol, Sequence, TypeVar, runtime_checkable
 import numpy as np
 
 from pcl.engines.request import RolloutRequest
-from pcl.loop.batch import Sample
+from pcl.samples import Sample
 from pcl.loop.record import StepRecord
 from pcl.data.prompts import PromptRecord
 

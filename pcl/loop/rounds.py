@@ -28,7 +28,7 @@ import numpy as np
 
 from pcl.data.prompts import PromptRecord
 from pcl.engines.request import RolloutRequest, SamplingParams
-from pcl.loop.batch import Sample
+from pcl.samples import Sample
 
 ESTIMATE_BASE = 1 << 20  # first sample index of a prompt's estimation rollouts (never trained on)
 

@@ -34,14 +34,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 from pcl.data.prompts import PromptRecord
-
-if TYPE_CHECKING:  # pcl.loop.batch imports torch; the strategies need it only as a type
-    from pcl.loop.batch import Sample
+from pcl.samples import Sample
 
 
 @dataclass(frozen=True)

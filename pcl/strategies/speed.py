@@ -27,16 +27,14 @@ from the step's samples, those of the prompts it carries on.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from pcl.config import SpeedSelection
 from pcl.data.prompts import PromptRecord
+from pcl.samples import Sample
 from pcl.strategies.base import Request, Rollout, Strategy, Tunable, zero_variance
-
-if TYPE_CHECKING:
-    from pcl.loop.batch import Sample
 
 
 class SpeedStrategy(Strategy):
@@ -204,8 +202,6 @@ def _prompt(d: dict[str, Any]) -> PromptRecord:
 
 
 def _sample(d: dict[str, Any]) -> Sample:
-    from pcl.loop.batch import Sample  # imports torch: only on a resume that carries samples
-
     return Sample(str(d["prompt_id"]), int(d["sample_index"]), tuple(int(i) for i in d["prompt_token_ids"]),
                   tuple(int(i) for i in d["response_token_ids"]), float(d["reward"]), str(d["finish_reason"]),
                   None if d.get("response_logprobs") is None else tuple(float(x) for x in d["response_logprobs"]),

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Callable, Sequence
 
 from pcl.engines.request import RolloutRequest, SamplingParams
-from pcl.loop.batch import Sample
+from pcl.samples import Sample
 from pcl.config import Config
 from services.streams.payloads import TOKEN_DTYPE, RequestRecord, unpack_logprobs, unpack_tokens
 from services.streams.collector import StepCollector

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pcl.loop.batch import Sample, group_samples
+from pcl.loop.batch import group_samples
+from pcl.samples import Sample
 from pcl.data.prompts import PromptRecord
 from pcl.engines import SamplingParams
 from pcl.loop.rounds import RoundLedger

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from pcl.loop.batch import Sample, group_samples, shard_sequences, training_sequences
+from pcl.loop.batch import group_samples, shard_sequences, training_sequences
+from pcl.samples import Sample
 from pcl.loop.runlog import MetricsLog, format_step_line, read_metrics
 
 

@@ -15,7 +15,8 @@ import torch
 
 from pcl import config_schema
 from pcl.config import Config, ConfigError, validate_tree
-from pcl.loop.batch import Groups, Sample, training_sequences
+from pcl.loop.batch import Groups, training_sequences
+from pcl.samples import Sample
 from pcl.models.micro_batches import check_sequences
 from pcl.rl import (IMPORTANCE_RATIO_KEYS, group_advantages, importance_ratio_metrics, importance_ratio_totals,
                     policy_gradient_loss, token_logprobs, truncated_importance_weights)

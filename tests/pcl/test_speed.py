@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pcl.config import SpeedSelection
-from pcl.loop.batch import Sample
+from pcl.samples import Sample
 from pcl.strategies import make_strategy
 from pcl.strategies.speed import SpeedStrategy
 from tests.pcl.strategy_world import World, rates_cycle

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from pydantic import Field
 
-from pcl.loop.batch import Sample
+from pcl.samples import Sample
 from pcl.config import (DynamicSamplingSelection, GresoSelection, PCLSelection, PrefilterSelection, ProbeSelection,
                         Section, Selection, SpeedSelection, UniformSelection)
 from pcl.data.prompts import PromptRecord

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pcl.loop.batch import Sample
+from pcl.samples import Sample
 from pcl.config import Config, validate_tree
 from pcl.data.prompts import PromptRecord
 from pcl.engines.request import RolloutRequest
