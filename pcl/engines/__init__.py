@@ -54,9 +54,7 @@ def make_engine(rollout_cfg, model_path: str, seed: int, *, dtype: str | None = 
 
         return HFEngine(model_path, device=device, dtype=dtype or "float32", seed=seed, **engine_kwargs)
     if rollout_cfg.engine == "vllm":
-        from pcl.engines.vllm import VLLMEngine
-
-        from pcl.tools.placement import executor_backend
+        from pcl.engines.vllm import VLLMEngine, executor_backend
 
         engine_kwargs.setdefault("distributed_executor_backend", executor_backend(rollout_cfg.tensor_parallel_size))
         return VLLMEngine(

@@ -50,10 +50,18 @@ from pcl.engines.base import (
     iter_named_tensors,
 )
 from pcl.engines.request import SamplingParams
+from pcl.weight_sync.collective import WeightGroup
 
 WORKER_EXTENSION = f"{__name__}.WeightUpdateExtension"
 DEFAULT_UPDATE_CHUNK_BYTES = 512 << 20  # bounds the size of one RPC message and its CPU copy
 CPU_KV_CACHE_BYTES = 64 << 20  # the vLLM CPU build's KV cache when none is given (ample for short contexts)
+
+
+def executor_backend(tensor_parallel_size: int) -> str:
+    """vLLM's `distributed_executor_backend`, set explicitly: 'uni' for one GPU (the engine in the actor's
+    process), 'mp' for tensor parallelism (its workers as processes beside the actor, on the GPUs of the actor's
+    one bundle). Left unset, vLLM picks 'ray' inside a placement group and asks Ray for GPUs the actor holds."""
+    return "uni" if tensor_parallel_size == 1 else "mp"
 
 
 class WeightUpdateExtension:
@@ -94,8 +102,6 @@ class WeightUpdateExtension:
     def pcl_join_weight_group(self, host: str, port: int, rank_offset: int, world_size: int, backend: str,
                               timeout_s: float) -> int:
         """Join the weight-sync group as rank `rank_offset` + this worker's rank; returns that rank."""
-        from pcl.weight_sync.collective import WeightGroup
-
         rank = rank_offset + int(getattr(self, "rank", 0))
         device = "cuda" if backend == "nccl" else "cpu"
         previous = getattr(self, "pcl_weight_group", None)

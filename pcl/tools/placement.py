@@ -7,7 +7,8 @@
   so the FSDP ranks share a node whenever one has room for them all.
 - value: one bundle per V rank (each a learner rank's GPUs + value.resources), PACK.
 - rollout-i: one bundle per engine, all its tensor-parallel GPUs ({GPU: rollout.num_gpus_per_worker} +
-  rollout.resources), STRICT_PACK: one node (vLLM's `mp` executor runs its TP workers beside the actor).
+  rollout.resources), STRICT_PACK: one node (vLLM's `mp` executor runs its TP workers beside the actor:
+  `pcl.engines.vllm.executor_backend`).
 
 On CPU (no GPUs asked) a bundle asks for CPU_BUNDLE_CPUS of a CPU instead: the actors share the cores (each pins
 its own threads), so the bundle only records where the actor goes, and the same code runs in the tests. The
@@ -17,6 +18,8 @@ custom resources the config names are asked for either way. The Ray side is `ent
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from pcl.strategies import strategy_class
 
 CPU_BUNDLE_CPUS = 0.01  # a CPU bundle's token reservation (see the module docstring)
 
@@ -38,17 +41,8 @@ def bundle(gpus: float, resources: dict[str, float] | None) -> dict[str, float]:
     return out
 
 
-def executor_backend(tensor_parallel_size: int) -> str:
-    """vLLM's `distributed_executor_backend`, set explicitly: 'uni' for one GPU (the engine in the actor's
-    process), 'mp' for tensor parallelism (its workers as processes beside the actor, on the GPUs of the actor's
-    one bundle). Left unset, vLLM picks 'ray' inside a placement group and asks Ray for GPUs the actor holds."""
-    return "uni" if tensor_parallel_size == 1 else "mp"
-
-
 def placement_plan(cfg) -> list[RoleGroup]:
     """The placement groups of a run (`pcl.config.Config`), in the order the fleet starts them."""
-    from pcl.strategies import strategy_class
-
     learner, rollout = cfg.learner, cfg.rollout
     groups = [RoleGroup("learner", f"learner.num_ranks={learner.num_ranks}, learner.num_gpus_per_rank="
                         f"{learner.num_gpus_per_rank:g}, learner.resources={dict(learner.resources)}",

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pcl.config import load_config
-from pcl.tools.placement import CPU_BUNDLE_CPUS, executor_backend, placement_plan
+from pcl.engines.vllm import executor_backend
+from pcl.tools.placement import CPU_BUNDLE_CPUS, placement_plan
 
 RUN = "placement-test"
 
