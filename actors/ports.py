@@ -20,7 +20,7 @@ import ray
 from actors.handles import FleetHandles
 from actors.runtime import gather
 from actors.weight_sync import weight_sender
-import pcl.loop.checkpoint_store as ckpt
+import pcl.checkpoint_store as ckpt
 from pcl.config import Config
 from pcl.engines.request import RolloutRequest
 

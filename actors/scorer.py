@@ -28,6 +28,7 @@ import numpy as np
 import ray
 
 from actors.runtime import gather, in_bundle, init_actor_process
+from pcl.checkpoint_store import latest
 from pcl.config import ValueModelConfig
 from pcl.engines.base import check_prompts
 
@@ -113,8 +114,6 @@ class ValueScorerActor:
         gather(setups, timeout_s, "value rank set-up")
         self.restored_from = None
         if checkpoints:  # a restart (or a resumed run's start): V as of the newest checkpoint
-            from pcl.loop.checkpoint_store import latest
-
             found = latest(checkpoints)
             if found is not None and (found / "value").is_dir():
                 self.load_checkpoint(str(found / "value"))

@@ -60,7 +60,7 @@ def prepare(cfg: Config, run_dir: str | None, resume: str | None) -> Prepared:
     out = Path(run_dir or cfg.run.run_dir or f"runs/{cfg.run.name}")
     checkpoint = None
     if resume is not None:
-        import pcl.loop.checkpoint_store as ckpt
+        import pcl.checkpoint_store as ckpt
 
         try:
             checkpoint = ckpt.resolve(resume, out)
@@ -194,7 +194,7 @@ def finish_run(cfg: Config, run_dir: Path, summary: dict, trackers, control) -> 
 def announce(cfg: Config, prep: Prepared) -> None:
     """The run's opening lines; partial checkpoints of an interrupted write are removed (one driver per run dir:
     none is being written)."""
-    import pcl.loop.checkpoint_store as ckpt
+    import pcl.checkpoint_store as ckpt
 
     print(f"pcl: run dir {prep.run_dir}  policy {prep.policy_path}  strategy {cfg.selection.type}  "
           f"m={cfg.run.m} n={cfg.run.n}  {len(prep.train_prompts)} train / {len(prep.eval_prompts)} eval prompts",
@@ -245,7 +245,7 @@ def start_from(cfg: Config, run_dir: Path, fleet, checkpoint: Path | None) -> No
 
 def restart_point(cfg: Config, run_dir: Path, exc: BaseException, restarts: int) -> Path | None:
     """The checkpoint a restart after `exc` begins from (None: the start), said on stderr."""
-    import pcl.loop.checkpoint_store as ckpt
+    import pcl.checkpoint_store as ckpt
 
     checkpoint = ckpt.latest(run_dir / "checkpoints")
     print(f"pcl: the run failed ({_reason(exc)}); restarting from "

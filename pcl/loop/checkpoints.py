@@ -6,7 +6,7 @@
     checkpoints.save()                               # now (the run's end)
     state = checkpoints.restore(path)                # the learner, V and the loop as the checkpoint left them
 
-A checkpoint (`pcl.loop.checkpoint_store` has the layout and the atomic write) holds the learner's files (`learner.save`),
+A checkpoint (`pcl.checkpoint_store` has the layout and the atomic write) holds the learner's files (`learner.save`),
 V's (`scorer.save` into `value/`), the loop's state and the run's two clocks (`state.json`), the control state
 (`control.json`), the run directory's records up to this step and the configuration. The ports write their
 own files; this module decides the rest.
@@ -20,7 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import pcl.loop.checkpoint_store as ckpt
+import pcl.checkpoint_store as ckpt
 from pcl.config import Config, dump_config, redacted
 from pcl.benchmarks import best_score
 from pcl.loop.ports import Control

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pcl.loop.checkpoint_store as ckpt
+import pcl.checkpoint_store as ckpt
 from pcl.config import Config
 from pcl.loop.checkpoints import Checkpoints
 from pcl.loop.evaluation import Evaluation

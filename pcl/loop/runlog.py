@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+import pcl.checkpoint_store as ckpt
 from pcl.loop.record import STEP_KEYS, StepRecord  # noqa: F401 - STEP_KEYS: the keys every training step carries
 
 METRICS_FILE = "metrics.jsonl"
@@ -158,8 +159,6 @@ def summary_report(run_dirs: list[str | os.PathLike]) -> str:
     """`pcl summary`'s text: the figures of `summarize` side by side, one column per run, then for each run its
     held-out accuracy in words, its step time split and where its checkpoints and metrics are. A run directory
     without metrics.jsonl raises FileNotFoundError."""
-    import pcl.loop.checkpoint_store as ckpt
-
     rows = []
     for run in run_dirs:
         path = Path(run) / METRICS_FILE

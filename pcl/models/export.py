@@ -8,7 +8,7 @@ Only the model's files are copied (config, safetensors weights and their index, 
 never optimizer or learner state. The copy is assembled in a temporary directory beside `out`, loaded back with
 transformers on CPU (config, weights, tokenizer), and only then renamed to `out`, with `export.json` recording
 the source, the step (None for a plain model directory) and the sha256 of every weight file. A checkpoint is
-complete when it holds a `COMPLETE` marker (pcl/loop/checkpoint_store.py); an incomplete one is never exported.
+complete when it holds a `COMPLETE` marker (pcl/checkpoint_store.py); an incomplete one is never exported.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
-import pcl.loop.checkpoint_store as ckpt
+import pcl.checkpoint_store as ckpt
 
 MODEL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "special_tokens_map.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json",

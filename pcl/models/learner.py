@@ -43,6 +43,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from pcl.checkpoint_store import load_tensors
 from pcl.models.full_weights import stream_weights, weight_specs
 from pcl.models.micro_batches import (MicroBatch, check_sequences, collate_micro_batch, dummy_micro_batch, length,
                                       pack_micro_batches, split_micro_batches)
@@ -261,8 +262,6 @@ class PolicyLearner:
     def load_checkpoint(self, directory: str) -> None:
         """Restore what `save_checkpoint` wrote (collective; rank 0 reads `learner.pt` and broadcasts it)."""
         directory = Path(directory)
-        from pcl.loop.checkpoint_store import load_tensors  # imports pcl.loop (pydantic): only where needed
-
         state = load_tensors(directory / "learner.pt") if self.rank == 0 else {}
         self.load_state_dict(state)
         rng = directory / f"learner-rng-{self.rank}.pt"

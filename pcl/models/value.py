@@ -29,6 +29,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from pcl.checkpoint_store import load_tensors
 from pcl.engines.base import check_prompts, left_pad, resolve_device, resolve_dtype
 from pcl.models.micro_batches import pack_micro_batches
 from pcl.models.policy_forward import checkpoint_layers, decoder_layers
@@ -316,8 +317,6 @@ class ValueTrainer:
         torch.save({**self.state_dict(), "rng": torch.get_rng_state()}, directory / "trainer.pt")
 
     def load_checkpoint(self, directory: str | Path) -> None:
-        from pcl.loop.checkpoint_store import load_tensors  # imports pcl.loop (pydantic): only where needed
-
         state = load_tensors(Path(directory) / "trainer.pt", map_location=self.model.device)
         self.load_state_dict(state)
         if "rng" in state:

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from pcl.checkpoint_store import load_tensors
 from pcl.rl import value_loss
 from pcl.models.sharding import agree, full_state, shard_by_layer
 from pcl.models.value import ValueModel, ValueTrainer, resolve_score_dtype, score_copy
@@ -178,8 +179,6 @@ class ShardedValueTrainer(ValueTrainer):
         dist.barrier()
 
     def load_checkpoint(self, directory: str | Path) -> None:
-        from pcl.loop.checkpoint_store import load_tensors  # imports pcl.loop (pydantic): only where needed
-
         state = load_tensors(Path(directory) / "trainer.pt") if self.rank == 0 else {}
         self.load_state_dict(state)
         if self.rank == 0 and "rng" in state:

@@ -10,7 +10,7 @@ import threading
 import time
 from pathlib import Path
 
-from pcl.loop.checkpoint_store import COMPLETE
+from pcl.checkpoint_store import COMPLETE
 from pcl.loop.runlog import METRICS_FILE, SELECTIONS_FILE, read_metrics
 
 M, N = 8, 4

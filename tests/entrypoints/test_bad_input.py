@@ -211,7 +211,7 @@ def test_a_run_dir_that_is_a_file(tmp_path):
 
 
 def test_resume_with_a_config_that_does_not_fit_the_checkpoint(tiny_model, tmp_path):
-    import pcl.loop.checkpoint_store as ckpt
+    import pcl.checkpoint_store as ckpt
     from pcl.config import dump_config, load_config
 
     run = tmp_path / "run"
@@ -230,7 +230,7 @@ def test_resume_with_a_config_that_does_not_fit_the_checkpoint(tiny_model, tmp_p
 def test_resume_refuses_a_structural_selection_change_naming_it(tiny_model, tmp_path):
     """pcl.loop.resume's rule at the command line: selection.type, or a setting GRESO adapts, given differently with
     --resume is refused before any actor starts (a tunable one is applied: tests/actors/test_checkpoint_resume.py)."""
-    import pcl.loop.checkpoint_store as ckpt
+    import pcl.checkpoint_store as ckpt
     from pcl.config import dump_config, load_config
 
     run = tmp_path / "run"
@@ -251,7 +251,7 @@ def test_resume_refuses_a_structural_selection_change_naming_it(tiny_model, tmp_
 def test_resume_on_data_edited_at_the_same_size_is_refused(tiny_model, tmp_path):
     """A checkpoint's data fingerprint against the training set now: an edited answer is named (the real run
     that writes the checkpoint is in tests/actors/test_checkpoint_resume.py)."""
-    import pcl.loop.checkpoint_store as ckpt
+    import pcl.checkpoint_store as ckpt
     from pcl.config import dump_config, load_config
     from pcl.data.prompts import load_prompts, load_rows
     from pcl.data.fingerprint import data_fingerprint

@@ -1,4 +1,4 @@
-"""pcl.loop.checkpoint_store: atomic commit, crash leftovers, newest-complete lookup, pruning, --resume resolution."""
+"""pcl.checkpoint_store: atomic commit, crash leftovers, newest-complete lookup, pruning, --resume resolution."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-import pcl.loop.checkpoint_store as ckpt
+import pcl.checkpoint_store as ckpt
 
 
 def write(root, step, complete=True):

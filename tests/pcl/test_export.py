@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-import pcl.loop.checkpoint_store as ckpt
+import pcl.checkpoint_store as ckpt
 from pcl.models.export import export_policy
 
 REPO = Path(__file__).resolve().parents[2]
