@@ -26,8 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from pcl.config import DataConfig
 from pcl.data.datasets import KNOWN
+from pcl.data.prompts import load_prompts
 from pcl.engines.request import SamplingParams
+from pcl.reward.verdict import TRUNCATED_REWARD, is_truncated
 
 SUITE = ("math500", "aime24", "aime25", "amc23", "minerva", "olympiadbench")
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"  # a data checkout beside the repository
@@ -135,9 +138,6 @@ def parse_k(text: str | int | dict | None, names: list[str]) -> dict[str, int]:
 def load_suite(names: list[str], tokenizer: Any, template: str, root: str | None = None,
                limit: int | None = None, max_prompt_tokens: int = 4096) -> dict[str, list]:
     """The prompt records of each benchmark (ids prefixed `<name>/`), the first `limit` of each when set."""
-    from pcl.config import DataConfig
-    from pcl.data.prompts import load_prompts
-
     suite = {}
     for name in names:
         cfg = DataConfig(source=name, root=root, template=template, max_prompt_tokens=max_prompt_tokens)
@@ -204,8 +204,6 @@ def evaluate(engine, pool, suite: dict[str, list], ks: dict[str, int], sampling:
     A truncated response ("length") scores 0 without being verified; a verifier timeout scores 0 and is counted.
     """
     from tqdm import tqdm
-
-    from pcl.reward.verdict import TRUNCATED_REWARD, is_truncated
 
     results = []
     for name, records in suite.items():

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from pcl.config_schema import TINY_SOURCES, Config, ConfigError
+from pcl.data.prompts import load_prompts
 
 
 def resolve_model_path(path: str, what: str) -> str:
     """A tiny task's name ('tiny', 'tiny-carry') -> its built policy (building it if needed); a local dir must
     exist; else a hub name. `what` names the setting in errors (model.path, value.path)."""
     if path in TINY_SOURCES:
-        from pcl.tiny.build import build_tiny
+        from pcl.tiny.build import build_tiny  # torch and transformers: only a tiny run builds its policy
 
         return str(build_tiny(seed=0, verbose=True, task=path))
     p = Path(path).expanduser()
@@ -68,8 +69,6 @@ def run_inputs(cfg: Config) -> RunInputs:
 
 def training_prompts(cfg: Config, tokenizer: Any, seed: int | None = None) -> tuple[list, Any]:
     """(records, load report) of the training set as `pcl train` loads it (`seed`: run.seed unless given)."""
-    from pcl.data.prompts import load_prompts
-
     try:  # a dataset that cannot be read, or has no usable row, is a configuration problem, named as such
         return load_prompts(cfg.data, tokenizer, split="train", seed=cfg.run.seed if seed is None else seed)
     except (ValueError, OSError) as exc:
@@ -79,8 +78,6 @@ def training_prompts(cfg: Config, tokenizer: Any, seed: int | None = None) -> tu
 def held_out_prompts(cfg: Config, tokenizer: Any) -> tuple[list, Any]:
     """(records, load report) of the held-out set, at most data.eval_size, its ids under "eval/" (the row-index
     ids of two files would otherwise collide)."""
-    from pcl.data.prompts import load_prompts
-
     try:
         records, report = load_prompts(cfg.data, tokenizer, split="eval", seed=cfg.run.seed)
     except (ValueError, OSError) as exc:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Union
 
 from pcl.config import TINY_SOURCES, DataConfig
+from pcl.data.datasets import data_root, fields_for, lookup, read_known
 from pcl.data.rows import UnreadableRow, load_rows
 from pcl.data.templates import apply_template
 
@@ -234,8 +235,6 @@ def load_prompts(
             raise ValueError("data.eval_source is not set: there is no held-out set to load")
         source, tiny_split, size = data_cfg.eval_source, "eval", data_cfg.eval_size
         hf_split = "test" if split == "eval" else split
-    from pcl.data.datasets import data_root, fields_for, lookup, read_known
-
     known = lookup(source)
     if known is not None:  # a known dataset: its own split and field mapping, a local copy when there is one
         root = data_root(data_cfg.root)

@@ -7,6 +7,7 @@ from typing import Callable
 
 import torch
 
+from pcl.reward.verdict import response_reward
 from pcl.tiny.task import format_prompt
 from pcl.tiny.tasks import ARITH
 
@@ -21,8 +22,6 @@ def measure_pass_rates(model, tokenizer, rows: list[dict], samples: int, seed: i
     Batched HF generate with left padding; max_new_tokens is the batch's longest `response` + 2, and a
     response that does not end with EOS within it is truncated and scores 0 (algorithm step 5).
     """
-    from pcl.reward.verdict import response_reward
-
     torch.manual_seed(seed)
     rates = []
     for start in range(0, len(rows), batch_prompts):

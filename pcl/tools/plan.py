@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # only types here: the shapes and FLOPs import without pydantic (bench/gpu_check.py)
     from pcl.config import ClusterConfig, Config
 from pcl.engines import max_model_len
+from pcl.strategies import make_strategy
 from pcl.tools.shapes import KNOWN_MODELS, LOGITS_CHUNK, ModelShape, PlanError, model_shape  # noqa: F401 (re-exported)
 
 GB = 1e9
@@ -179,8 +180,6 @@ def _fix(role_of, cfg: Config, shape: ModelShape, gpu: float, section: str) -> s
 
 def plan_run(cfg: Config, cluster: ClusterConfig | None = None) -> Plan:
     """Memory per GPU of every role of `cfg` on `cluster` (cfg.cluster when None), with the shortfalls."""
-    from pcl.strategies import make_strategy
-
     cluster = cluster or cfg.cluster
     cfg = cfg.model_copy(update={"cluster": cluster})
     plan, gpu = Plan(cluster), cluster.gpu_memory_gb * GB

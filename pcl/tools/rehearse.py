@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+from pcl.config import Config
+
 REHEARSAL_STEPS = 2
 
 
@@ -33,8 +35,6 @@ def _flat(d: dict, prefix: str = "") -> dict:
 def rehearsal_config(preset, tiny):
     """The preset (`pcl.config.Config`) with the tiny config's model, data and lengths and the CPU shrinkage the
     module docstring lists; returns (config, swapped: one "key: before -> after" line per changed setting)."""
-    from pcl.config import Config
-
     d, t = preset.model_dump(), tiny.model_dump()
     workers = d["rollout"]["num_workers"]
     m = max(workers, math.ceil(t["run"]["m"] / workers) * workers)
