@@ -2,20 +2,24 @@
 
     cfg = load_config("configs/tiny.yaml", overrides=["selection.tau=0.4", "run.steps=20"])
 
-Every section rejects unknown keys (`extra="forbid"`), every number carries its allowed range, and the
-selection strategy is a discriminated union on `type`. Errors come out as `ConfigError` with one line per
+Every section rejects unknown keys (`extra="forbid"`) and reads types strictly (a bool is no count, a quoted number
+no number; files and `key=value` values are read as YAML, so `run.m=64` is an int), every number carries its
+allowed range, URLs are checked by scheme (`pcl.config_urls`), and the selection strategy is a discriminated union
+on `type`. Errors come out as `ConfigError` with one line per
 problem naming the dotted key, the file it came from and the allowed values, before any actor starts.
 The sections themselves are in `pcl.config_schema`; every name there is importable from here.
 
 Where a value comes from, first match wins: the command line (`key=value` overrides), the YAML layers (later files
 over earlier ones), the environment for the keys the config leaves unset (`ENV_FALLBACKS`: REDIS_URL -> redis.url,
 PCL_DATA_ROOT -> data.root, PCL_API_TOKEN -> control.token, MLFLOW_TRACKING_URI -> logging.mlflow_tracking_uri),
-the defaults. The environment is read here and only here (`load_config`); code below takes the config's values.
+the defaults. A value from the environment is validated as a file's is, its error naming the variable. The
+environment is read here and only here (`load_config`); code below takes the config's values.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping, get_args
 
@@ -50,6 +54,19 @@ ENV_FALLBACKS: dict[str, str] = {
 }
 
 
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, whose floats (YAML 1.1) need a dot, with YAML 1.2's exponent floats added: `lr: 8e-06`
+    in a preset and `optimizer.lr=1e-6` on the command line are numbers, not strings the strict sections refuse."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                              list("-+0123456789"))
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader: plain data only
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """`a.b.c=value` -> (["a", "b", "c"], value), the value parsed as YAML (numbers, bools, null, lists)."""
     if "=" not in text:
@@ -59,7 +76,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not all(parts):
         raise ConfigError(f"override {text!r}: empty key segment")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return parts, value
@@ -90,7 +107,18 @@ def _describe(err: dict, source: str) -> str:
         return f"{source}: '{loc}' = {err.get('input')!r} is out of range; it must be {bounds[kind].format(**ctx)}"
     if kind == "literal_error":
         return f"{source}: '{loc}' = {err.get('input')!r}; allowed: {ctx.get('expected')}"
+    if kind == "value_error":  # a validator's rule: its message says what is wrong and what is allowed
+        value, msg = err.get("input"), err["msg"].removeprefix("Value error, ")
+        if loc in _URL_KEYS and isinstance(value, str):
+            return f"{source}: '{loc}' = {mask_url(value)!r}: {msg}"
+        if not loc or isinstance(value, (dict, list)):  # a section's or the whole config's rule, naming its keys
+            return f"{source}: " + (f"'{loc}': " if loc else "") + msg
+        return f"{source}: '{loc}' = {value!r}: {msg}"
     return f"{source}: '{loc}': {err['msg']} (got {err.get('input')!r})"
+
+
+# The settings that are URLs, whose passwords an error masks.
+_URL_KEYS = ("redis.url", "logging.mlflow_tracking_uri")
 
 
 # The discriminator tags of the selection union (pydantic puts them in error locations): every strategy's.
@@ -108,12 +136,15 @@ def validate_tree(tree: dict, source: str = "<config>") -> Config:
 
 
 def _secrets(tree: dict) -> list:
-    """The secrets a config tree holds (the API token, a Redis password), to keep out of messages."""
-    control, redis = tree.get("control"), tree.get("redis")
+    """The secrets a config tree holds (the API token, the URLs that carry a password), to keep out of messages."""
+    control = tree.get("control")
     token = control.get("token") if isinstance(control, dict) else None
-    url = redis.get("url") if isinstance(redis, dict) else None
-    masked = mask_url(url) if isinstance(url, str) else url
-    return [str(token) if token is not None else None, url if masked != url else None]
+    urls = []
+    for key in _URL_KEYS:
+        section, name = key.split(".")
+        url = tree.get(section, {}).get(name) if isinstance(tree.get(section), dict) else None
+        urls.append(url if isinstance(url, str) and mask_url(url) != url else None)
+    return [str(token) if token is not None else None, *urls]
 
 
 def _read_yaml(path: str | os.PathLike) -> dict:
@@ -121,7 +152,7 @@ def _read_yaml(path: str | os.PathLike) -> dict:
     if not p.is_file():
         raise ConfigError(f"config file {source!r} does not exist")
     try:
-        loaded = yaml.safe_load(p.read_text())
+        loaded = _yaml(p.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"{source}: not valid YAML: {exc}") from None
     if loaded is not None and not isinstance(loaded, dict):
@@ -172,9 +203,9 @@ def load_config(path: str | os.PathLike | list | tuple | None, overrides: list[s
 
 def apply_env_fallbacks(cfg: Config, environ: Mapping[str, str] | None = None) -> Config:
     """`cfg` with each ENV_FALLBACKS key it leaves unset taken from the environment (`environ`, else os.environ)
-    when the variable is set and not empty. A weak PCL_API_TOKEN is a ConfigError naming it (never its value)."""
+    when the variable is set and not empty, validated as a file's value would be: a bad one is a ConfigError
+    naming the variable and the key (never a token, nor a URL's password)."""
     env = os.environ if environ is None else environ
-    updates: dict[str, dict[str, str]] = {}
     for key, var in ENV_FALLBACKS.items():
         section, name = key.split(".")
         value = env.get(var)
@@ -185,9 +216,10 @@ def apply_env_fallbacks(cfg: Config, environ: Mapping[str, str] | None = None) -
                 check_token(value, var)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-        updates.setdefault(section, {})[name] = value
-    return cfg.model_copy(update={section: getattr(cfg, section).model_copy(update=values)
-                                  for section, values in updates.items()})
+        tree = cfg.model_dump()
+        tree[section][name] = value
+        cfg = validate_tree(tree, f"the environment's {var}")
+    return cfg
 
 
 def dump_config(cfg: Config) -> str:

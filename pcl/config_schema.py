@@ -15,6 +15,7 @@ from pcl.config_base import ConfigError, Resources, Section  # noqa: F401 - re-e
 from pcl.config_selection import (  # noqa: F401 - re-exported: pcl.config and the strategies import them here
     DynamicSamplingSelection, GresoSelection, PCLSelection, PrefilterSelection, ProbeSelection, Selection,
     SpeedSelection, UniformSelection)
+from pcl.config_urls import check_mlflow_uri, check_redis_url
 from pcl.credentials import check_token
 
 
@@ -29,7 +30,8 @@ class RunConfig(Section):
     seed: int = Field(0, ge=0, description="Seed for sampling, initialisation and generation.")
     steps: int = Field(100, ge=1, description="Number of training steps.")
     m: int = Field(512, ge=1, description="Prompts per step (the paper's m).")
-    n: int = Field(16, ge=1, description="Generations per prompt (the paper's n).")
+    n: int = Field(16, description="Generations per prompt (the paper's n), at least 2: a prompt's advantages are "
+                   "its rewards less their group's mean.")
     eval_every: int = Field(10, ge=0, description="Held-out evaluation every N steps (and at step 0); 0 disables.")
     eval_every_s: float | None = Field(None, gt=0, description="Held-out evaluation instead each time another N "
                                        "seconds of training have passed (evaluations excluded), and at step 0: "
@@ -47,6 +49,15 @@ class RunConfig(Section):
                                "the first s steps). 0: synchronous steps. Needs a single-round selection "
                                "(uniform, pcl, prefilter) and learner.off_policy.correction; the s batches "
                                "generated ahead are held in memory and in every checkpoint.")
+
+    @field_validator("n")
+    @classmethod
+    def _groups_can_differ(cls, n: int) -> int:
+        if n < 2:  # GRPO's advantage is a reward less its group's mean: a group of one is its own mean
+            raise ValueError("at least 2 generations per prompt are needed: with one, each group's mean reward is "
+                             "its only sample's, so every advantage would be zero and the policy would never learn "
+                             "(the paper: 16)")
+        return n
 
     @property
     def evaluates_held_out(self) -> bool:
@@ -218,13 +229,19 @@ class LearnerConfig(Section):
 
 
 class RedisConfig(Section):
-    url: str | None = Field(None, description="redis:// or rediss:// URL; REDIS_URL when unset; embedded server when neither.")
+    url: str | None = Field(None, description="redis://, rediss:// or unix:// URL; REDIS_URL when unset; embedded "
+                            "server when neither.")
     visibility_timeout_s: float = Field(30.0, gt=0, description="Entries pending this long on a dead consumer are reclaimed.")
     max_deliveries: int = Field(3, ge=1, description="A record that fails this often goes to the dead-letter stream.")
     block_ms: int = Field(200, ge=1, description="Blocking read timeout.")
     appendonly: bool = Field(True, description="AOF persistence for the embedded server.")
     maxmemory_mb: int | None = Field(None, ge=0, description="maxmemory of the embedded server (noeviction: a full "
                                      "server makes writers wait); a quarter of the machine's memory when unset; 0: none.")
+
+    @field_validator("url")
+    @classmethod
+    def _redis_scheme(cls, url: str | None) -> str | None:
+        return None if url is None else check_redis_url(url)
 
 
 class ControlConfig(Section):
@@ -294,8 +311,14 @@ class LoggingConfig(Section):
     backends: list[Backend] = Field(default_factory=lambda: ["console", "jsonl"], description="console (a line "
                                     "per step), jsonl (always on), tensorboard, wandb, mlflow, trackio.")
     project: str = Field("pcl", min_length=1, description="Project / experiment name in wandb, MLflow and trackio.")
-    mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI; MLFLOW_TRACKING_URI when unset, "
-                                            "else a local store in RUN_DIR/mlruns.")
+    mlflow_tracking_uri: str | None = Field(None, description="MLflow tracking URI (a local directory, file:, "
+                                            "http(s)://, sqlite:///, a database URL, databricks...); "
+                                            "MLFLOW_TRACKING_URI when unset, else a local store in RUN_DIR.")
+
+    @field_validator("mlflow_tracking_uri")
+    @classmethod
+    def _mlflow_scheme(cls, uri: str | None) -> str | None:
+        return None if uri is None else check_mlflow_uri(uri)
 
     @field_validator("backends")
     @classmethod

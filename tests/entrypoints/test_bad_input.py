@@ -69,6 +69,7 @@ def assert_clear_failure(result: Result, *needles: str, code: int = 2, one_line:
     (["selection.tau=1.5"], ["'selection.tau' = 1.5 is out of range", "<= 1"]),
     (["run.m=0"], ["'run.m' = 0 is out of range"]),
     (["run.steps=many"], ["'run.steps'", "valid integer", "many"]),
+    (["run.m=true"], ["'run.m'", "valid integer", "True"]),  # strict: a bool is not a count
     (["rollout.temperatur=0.7"], ["unknown key 'rollout.temperatur'"]),
     (["selection.type=best"], ["'selection.type' is 'best'", "pcl"]),
 ])
@@ -137,10 +138,21 @@ def test_redis_unreachable_at_start(tiny_model, tmp_path):
     assert "s3cret" not in result.stdout + result.stderr
 
 
-def test_a_malformed_redis_url(tiny_model, tmp_path):
+def test_a_malformed_redis_url_is_a_config_error(tmp_path):
+    """Checked with the config, before the model loads or anything connects; the password masked."""
     result = train("redis.url=redis://:s3cret@127.0.0.1:port/0", "--run-dir", str(tmp_path / "run"))
-    assert_clear_failure(result, "bad Redis URL redis://:***@127.0.0.1:port/0", code=3, limit_s=LOADED_S)
+    assert_clear_failure(result, "'redis.url' = 'redis://:***@127.0.0.1:port/0': its port is not a number",
+                         "redis://[user:password@]host[:port][/db]")
     assert "s3cret" not in result.stdout + result.stderr
+    result = train("--run-dir", str(tmp_path / "run"), env={"REDIS_URL": "http://u:s3cret@127.0.0.1:6379"})
+    assert_clear_failure(result, "the environment's REDIS_URL: 'redis.url' = 'http://u:***@127.0.0.1:6379'")
+    assert "s3cret" not in result.stdout + result.stderr
+
+
+def test_a_config_that_cannot_learn_is_refused_naming_the_setting(tmp_path):
+    result = train("run.n=1", "--run-dir", str(tmp_path / "run"))
+    assert_clear_failure(result, "'run.n' = 1", "every advantage would be zero")
+    assert not (tmp_path / "run").exists()
 
 
 def test_bad_dataset_rows_are_skipped_and_counted(tiny_model, tmp_path):
