@@ -129,8 +129,10 @@ class Driver:
         return code
 
     def stop(self) -> None:
-        """End the driver's whole process group (a chaos run that gives up)."""
+        """End the driver's whole process group (a chaos run that gives up): down from now on, so that a request
+        it cuts off counts as one the driver was down for."""
         if self.process is not None and self.process.poll() is None:
+            self.state = "down"
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except OSError:

@@ -195,3 +195,19 @@ def test_the_control_traffic_records_what_each_request_expected_and_a_real_contr
     assert all(r["sent"] <= r["answered"] for r in recorded) and not traffic.paused
     result = check_control(recorded, [])
     assert result.ok and "refused: 1 x 401, 2 x 409, 1 x 422" in result.detail, result.detail
+
+
+def test_a_driver_the_chaos_run_gives_up_on_counts_as_down(tmp_path):
+    """At its deadline the chaos run kills the driver's process group: a control-plane request cut off then was cut
+    off by the chaos run, while the driver was down, not unanswered by a live driver (seed 17 under a load of 30)."""
+    import os
+
+    from entrypoints.chaos.driver import Driver
+
+    driver = Driver([sys.executable, "-c", "import time; time.sleep(120)"], tmp_path / "run", dict(os.environ),
+                    tmp_path / "driver.log", time.monotonic)
+    driver.start()
+    driver.state = "up"  # as the milestones of its output would have it
+    driver.stop()
+    assert driver.state == "down" and driver.poll() is not None
+    driver.close()
