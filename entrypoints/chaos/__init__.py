@@ -12,7 +12,8 @@ The schedule, the invariants and the report are pure (`pcl/tools/chaos_schedule.
 `chaos_report.py`); this package drives them: `session.py` runs `pcl train` as a child process and follows it,
 `faults.py` injects, `traffic.py` talks to the control plane, `final.py` reads what the run left, `reference.py`
 trains and compares the unfaulted reference. Output in OUT (default runs/chaos-<run.name>-seed<S>): run/ (the run
-directory, with chaos_report.txt and .json), run-driver.log, schedule.json, and with --reference, reference/.
+directory, with chaos_report.txt and .json), run-driver.log, requests.jsonl (the control traffic, with what each
+request expected), schedule.json, and with --reference, reference/.
 """
 
 from __future__ import annotations
