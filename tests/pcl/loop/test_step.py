@@ -8,6 +8,7 @@ import pytest
 
 from pcl.engines import SamplingParams
 from pcl.strategies.base import Needs, Request, Rollout, StepStrategy
+from pcl.loop.runlog import read_metrics
 from tests.pcl.loop.fakes import SECONDS_PER_SAMPLE, FakeFleet, closest_to, config, world
 
 M, N = 4, 4
@@ -18,6 +19,7 @@ STRATEGIES = {
     "dynamic_sampling": {"type": "dynamic_sampling", "k": 2, "max_rounds": 8},
     "speed": {"type": "speed", "k": 2, "n_init": 2, "max_rounds": 4},
     "greso": {"type": "greso", "k": 2, "max_rounds": 8},
+    "probe": {"type": "probe", "k": 2, "n_probe": 8, "target_p": 0.5},
 }
 
 
@@ -53,6 +55,35 @@ def test_one_step_of_each_strategy_trains_on_m_groups_of_n(tmp_path, name):
         assert record["effective_ratio"] > 0 and all(0.0 < fleet.rates[i] < 1.0 for i in fleet.loop.last_ids)
     if name == "speed":  # screening of k*m with n_init, continuation of the accepted
         assert record["generation_rounds"] >= 2 and record["samples_generated"] >= 2 * M * 2 + M * (N - 2)
+    if name == "probe":  # k*m candidates estimated with n_probe rollouts each, then m*n fresh ones
+        assert record["generation_rounds"] == 2 and record["samples_generated"] == 2 * M * 8 + M * N
+
+
+def test_the_probe_strategy_trains_on_fresh_rollouts_of_the_m_estimated_closest_to_target_p(tmp_path):
+    """selection.type=probe through the loop: round 1 rolls out k*m candidates n_probe times each (indices from
+    ESTIMATE_BASE), round 2 the m whose estimate is closest to target_p n times (indices 0..n-1); only round 2's
+    samples reach the learner and the step record, the estimates never do."""
+    from pcl.loop.rounds import ESTIMATE_BASE
+
+    fleet = FakeFleet(tmp_path, config(STRATEGIES["probe"], run={"steps": 2}))
+    fleet.run.run()
+    records = [r for r in read_metrics(tmp_path / "metrics.jsonl") if "effective_ratio" in r]
+    selections = read_metrics(tmp_path / "selections.jsonl")
+    assert [r["step"] for r in records] == [s["step"] for s in selections] == [1, 2]
+    assert [c["samples"] for c in fleet.rollouts.calls] == [2 * M * 8, M * N] * 2
+    assert fleet.learner.trained == [(r["train_sequences"], M * N) for r in records] and not fleet.scorer.trained
+    for step, (record, line) in enumerate(zip(records, selections)):
+        estimating, training = fleet.rollouts.calls[2 * step: 2 * step + 2]
+        assert estimating["version"] == training["version"] == step  # both rounds by this step's policy
+        assert {s.n for s in estimating["sampling"]} == {8} and {s.n for s in training["sampling"]} == {N}
+        estimates = {p: sum(fleet.rollouts.reward(p, ESTIMATE_BASE + i, step) for i in range(8)) / 8
+                     for p in estimating["prompts"]}
+        assert training["prompts"] == line["ids"] and closest_to(0.5, line["ids"], estimating["prompts"], estimates)
+        assert record["probe_estimate_mean"] == pytest.approx(sum(estimates[p] for p in line["ids"]) / M)
+        assert all(sorted(indices) == list(range(N)) for indices in line["samples"])  # fresh samples only
+        trained = [fleet.rollouts.reward(p, i, step) for p in line["ids"] for i in range(N)]
+        assert record["train_reward_mean"] == pytest.approx(sum(trained) / (M * N))
+        assert record["batch_samples"] == record["batch_unique_samples"] == M * N and record["probe_target_p"] == 0.5
 
 
 def test_each_generation_asks_for_the_sampling_it_means(tmp_path):
