@@ -23,11 +23,6 @@ if TYPE_CHECKING:
     from pcl.config import LearnerConfig, ModelConfig, OptimizerConfig
 
 
-def learner_device(cfg: LearnerConfig) -> str:
-    """Where the ranks train: CUDA when each is given GPUs."""
-    return "cuda" if cfg.num_gpus_per_rank > 0 else "cpu"
-
-
 class LearnerLost(RuntimeError):
     """A learner rank died: the process group is broken and the run restarts from its last checkpoint."""
 
@@ -50,16 +45,11 @@ class LearnerRank:
               model: ModelConfig, seed: int) -> bool:
         """Join the process group (backend resolved by the group) and build this rank's share of the policy at
         model.path, with the `learner` and `optimizer` sections."""
-        from pcl.models.learner import PolicyLearner, init_process_group
+        from pcl.models.learner import init_process_group, learner_for_run
 
         init_process_group(backend, f"tcp://{master[0]}:{master[1]}", self.rank, self.world_size)
-        self.learner = PolicyLearner(model.path, optimizer, micro_batch_size=cfg.micro_batch_size,
-                                     device=learner_device(cfg), dtype=model.dtype, rank=self.rank,
-                                     world_size=self.world_size, seed=seed,
-                                     reshard_after_forward=cfg.reshard_after_forward,
-                                     max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
-                                     activation_checkpointing=cfg.activation_checkpointing,
-                                     compile_layers=cfg.compile, off_policy=cfg.off_policy)
+        device = "cuda" if cfg.num_gpus_per_rank > 0 else "cpu"
+        self.learner = learner_for_run(cfg, optimizer, model, seed, device, self.rank, self.world_size)
         return True
 
     def train_step(self, shard: list[dict], global_count: int) -> dict[str, float]:

@@ -147,10 +147,9 @@ class FleetLearner:
         """The learner group's files, and the tokenizer beside the policy in Hugging Face format."""
         self.learners.save_checkpoint(directory)
         if self.policy_path:
-            from transformers import AutoTokenizer  # noqa: PLC0415 - heavy, and only for checkpoints
+            from pcl.data.inputs import load_tokenizer  # noqa: PLC0415 - transformers: heavy, only for checkpoints
 
-            tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.tokenizer or self.policy_path)
-            tokenizer.save_pretrained(Path(directory) / "policy")
+            load_tokenizer(self.cfg, self.policy_path).save_pretrained(Path(directory) / "policy")
 
     def load(self, directory: str) -> None:
         self.learners.load_checkpoint(directory)

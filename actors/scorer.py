@@ -31,33 +31,10 @@ from actors.runtime import gather, in_bundle, init_actor_process
 from pcl.checkpoint_store import latest
 from pcl.config import ValueModelConfig
 from pcl.engines.base import check_prompts
+from pcl.models.value import value_step_figures
+from pcl.models.value_sharded import build_value_trainer
 
 log = logging.getLogger(__name__)
-
-
-def _build_trainer(cfg: ValueModelConfig, model_path: str, device: str, seed: int, rank: int, world_size: int,
-                   master: tuple[str, int] | None, timeout_s: float):
-    """This rank's trainer: an unsharded ValueTrainer for one rank, else a ShardedValueTrainer in a new process
-    group (NCCL on GPU, gloo on CPU) whose rank 0 listens at `master`."""
-    import torch
-
-    from pcl.models.value import ValueModel, ValueTrainer
-
-    torch.manual_seed(seed)
-    options = dict(grad_clip=cfg.grad_clip, batch_size=cfg.batch_size, score_dtype=cfg.score_dtype,
-                   max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
-                   activation_checkpointing=cfg.activation_checkpointing)
-    if world_size == 1:
-        return ValueTrainer(ValueModel.from_pretrained(model_path, dtype="float32", device=device), lr=cfg.lr,
-                            **options)
-    from pcl.models.learner import init_process_group
-    from pcl.models.value_sharded import ShardedValueTrainer
-
-    gpu = device.startswith("cuda")
-    init_process_group("nccl" if gpu else "gloo", f"tcp://{master[0]}:{master[1]}", rank, world_size, timeout_s)
-    where = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
-    model = ValueModel.from_pretrained(model_path, dtype="float32", device="cpu")  # sharded onto `where`
-    return ShardedValueTrainer(model, cfg.lr, device=where, rank=rank, world_size=world_size, **options)
 
 
 def restart_options(deterministic: bool) -> dict[str, int]:
@@ -83,7 +60,7 @@ class ValueRank:
 
     def setup(self, cfg: ValueModelConfig, model_path: str, device: str, seed: int, rank: int, world_size: int,
               master: tuple[str, int], timeout_s: float) -> bool:
-        self.trainer = _build_trainer(cfg, model_path, device, seed, rank, world_size, master, timeout_s)
+        self.trainer = build_value_trainer(cfg, model_path, device, seed, rank, world_size, master, timeout_s)
         return True
 
     def call(self, method: str, *args) -> Any:
@@ -110,7 +87,7 @@ class ValueScorerActor:
                 master = (ray.util.get_node_ip_address(), s.getsockname()[1])
         setups = [p.setup.remote(cfg, model_path, device, seed, r, world_size, master, timeout_s)
                   for r, p in enumerate(self.peers, start=1)]
-        self.trainer = _build_trainer(cfg, model_path, device, seed, 0, world_size, master, timeout_s)
+        self.trainer = build_value_trainer(cfg, model_path, device, seed, 0, world_size, master, timeout_s)
         gather(setups, timeout_s, "value rank set-up")
         self.restored_from = None
         if checkpoints:  # a restart (or a resumed run's start): V as of the newest checkpoint
@@ -156,9 +133,7 @@ class ValueScorerActor:
             self.trainer._check_targets(prompts, pass_rates)
         prompts, rates = _shares(prompts, parts), _shares(np.asarray(pass_rates, dtype=np.float64), parts)
         stats, _ = self._all("train_step", (prompts[0], rates[0]), list(zip(prompts[1:], rates[1:])))
-        stats = {f"value_{k}": float(v) for k, v in stats.items()}
-        stats["value_train_seconds"] = time.perf_counter() - start
-        return stats
+        return value_step_figures(stats, time.perf_counter() - start)
 
     def state_dict(self) -> dict[str, Any]:
         return self._all("state_dict", (), [()] * len(self.peers))[0]

@@ -170,7 +170,7 @@ def reserve_placement(cfg: Config, timeout_s: float = 120.0) -> Placement:
 def check_fleet_config(cfg: Config) -> None:
     """Refuse, before any actor starts, a rollout layout that cannot work, naming the setting. (rollout.max_in_flight
     needs no check beyond >= 1: a step's request chunks are cut no larger than it, see
-    services.streams.rollout_client.request_chunks.)"""
+    pcl.engines.batching.request_chunks.)"""
     r = cfg.rollout
     gpus = r.num_gpus_per_worker
     if r.engine == "vllm" and gpus > 0 and (gpus != int(gpus) or int(gpus) % r.tensor_parallel_size):

@@ -5,6 +5,9 @@
     state = sampler.state_dict()            # JSON-serialisable; goes into the checkpoint
     sampler.load_state_dict(state)          # resumes the very same stream
 
+    stream = PromptStream(train_prompts, seed)   # the loop's `Prompts` port: distinct PromptRecords per draw
+    candidates = stream.sample(k * m)            # what the sampler actor serves, and `pcl train --local` uses
+
 Epoch e visits every index exactly once, in an order that is a pure function of (seed, e), so the stream
 needs no stored permutation: the state is just (epoch, cursor). A draw that runs past the end of an epoch
 continues into the next one, so one draw can hold the same index twice (the end of epoch e and the start of
@@ -13,7 +16,11 @@ e+1) when it crosses a boundary.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from pcl.data.fingerprint import data_changes, data_fingerprint
 
 _STATE_KEYS = ("num_prompts", "seed", "epoch", "cursor")
 
@@ -108,3 +115,47 @@ class PromptSampler:
             self._start_epoch(epoch + 1)
         else:
             self._cursor = cursor
+
+
+def draw_distinct(sampler: PromptSampler, count: int) -> list[int]:
+    """The next `count` distinct indices of the stream: a draw that crosses an epoch boundary can meet a
+    prompt twice (once from each epoch); the repeat is skipped so a step never holds a prompt twice."""
+    if count > sampler.num_prompts:
+        raise ValueError(f"cannot draw {count} distinct prompts from a set of {sampler.num_prompts}")
+    seen: dict[int, None] = {}
+    while len(seen) < count:
+        for i in sampler.sample(count - len(seen)):
+            seen.setdefault(int(i), None)
+    return list(seen)
+
+
+class PromptStream:
+    """The training set's prompt records (`pcl.data.prompts.PromptRecord`, templated and tokenised) drawn as the
+    seeded, resumable stream above: the step loop's `Prompts` port (`pcl.loop.ports`), served by the sampler actor
+    on a fleet and called directly in one process."""
+
+    def __init__(self, prompts: list, seed: int):
+        if not prompts:
+            raise ValueError("the training set has no usable prompts")
+        self.prompts = prompts
+        self.sampler = PromptSampler(len(prompts), seed)
+        self.fingerprint = data_fingerprint(prompts)  # saved with the cursor: a resume on other data is refused
+
+    def sample(self, count: int) -> list:
+        """The next `count` distinct prompts of the shuffled stream (crossing epochs as needed)."""
+        return [self.prompts[i] for i in draw_distinct(self.sampler, count)]
+
+    def records(self) -> list:
+        """The whole training set, in dataset order (the reference pass rates cover every prompt)."""
+        return self.prompts
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self.sampler.state_dict(), "data": self.fingerprint}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved cursor; refused (ValueError saying what differs) when it was taken on other data
+        (`pcl.data.fingerprint.data_changes`, the check the driver ran before starting)."""
+        differences = data_changes(state, self.prompts)
+        if differences:
+            raise ValueError("the sampler state was saved on other training data: " + "; ".join(differences))
+        self.sampler.load_state_dict({k: v for k, v in state.items() if k != "data"})

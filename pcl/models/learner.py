@@ -7,6 +7,7 @@ call below is collective (all ranks call it, in the same order):
     learner = PolicyLearner(model_dir, cfg.optimizer, micro_batch_size=8, device="auto", dtype="bfloat16",
                             rank=rank, world_size=world_size, seed=0, max_tokens_per_micro_batch=16384,
                             activation_checkpointing=True)      # cfg.optimizer or an AdamWSettings
+    learner = learner_for_run(cfg.learner, cfg.optimizer, cfg.model, seed, "cuda", rank, world_size)  # the same
     stats = learner.train_step(my_share, num_sequences=m * n)   # {loss, grad_norm, num_tokens, seconds, ...}
     weights = learner.full_state_dict()                         # rank 0: full CPU tensors; others: {}
     for name, tensor in learner.stream_weights(256 << 20):     # rank 0: full tensors on its device, as gathered
@@ -322,3 +323,16 @@ class PolicyLearner:
         set_optimizer_state_dict(self.model, self.optimizer, optimizer_state, options=options)
         (steps,) = self._agree([state["steps"] if self.rank == 0 else 0], dist.ReduceOp.MAX)
         self.steps = int(steps)
+
+
+def learner_for_run(learner, optimizer, model, seed: int, device: str, rank: int = 0,
+                    world_size: int = 1) -> PolicyLearner:
+    """One rank's learner as a run configures it: the `learner`, `optimizer` and `model` sections
+    (`pcl.config.LearnerConfig`, `OptimizerConfig`, `ModelConfig` with `path` the policy's local copy), on `device`
+    ('cpu', 'cuda'). A learner rank actor builds it so, and so does `pcl train --local` (rank 0 of 1)."""
+    return PolicyLearner(model.path, optimizer, micro_batch_size=learner.micro_batch_size, device=device,
+                         dtype=model.dtype, rank=rank, world_size=world_size, seed=seed,
+                         reshard_after_forward=learner.reshard_after_forward,
+                         max_tokens_per_micro_batch=learner.max_tokens_per_micro_batch,
+                         activation_checkpointing=learner.activation_checkpointing,
+                         compile_layers=learner.compile, off_policy=learner.off_policy)

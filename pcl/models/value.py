@@ -330,3 +330,8 @@ class ValueTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state["steps"])
         self.refresh_scorer()
+
+
+def value_step_figures(stats: dict[str, float], seconds: float) -> dict[str, float]:
+    """A V step's figures as the step record names them: `train_step`'s under `value_`, and its wall time."""
+    return {**{f"value_{k}": float(v) for k, v in stats.items()}, "value_train_seconds": seconds}

@@ -13,6 +13,8 @@ without collectives:
     stats = trainer.train_step(my_prompts, my_pass_rates)     # collective: one AdamW step over all shares
     trainer.save_checkpoint(directory)                        # collective: rank 0 writes
 
+    trainer = build_value_trainer(cfg.value, path, "cpu", seed, rank, world_size, master, timeout_s)  # from config
+
 `train_step`'s loss is a sum over prompts and FSDP2 sums gradients over ranks (`pcl.models.sharding`), so the ranks'
 shares add up to the step one unsharded ValueTrainer takes on all the prompts. A checkpoint has the unsharded
 trainer's format (`trainer.pt` with integer-keyed optimizer state), so either loads the other's.
@@ -183,3 +185,25 @@ class ShardedValueTrainer(ValueTrainer):
         self.load_state_dict(state)
         if self.rank == 0 and "rng" in state:
             torch.set_rng_state(state["rng"].cpu())
+
+
+def build_value_trainer(cfg, model_path: str, device: str, seed: int, rank: int = 0, world_size: int = 1,
+                        master: tuple[str, int] | None = None, timeout_s: float = 1800.0) -> ValueTrainer:
+    """V's trainer of one rank, built from the `value` section (`cfg`, a `pcl.config.ValueModelConfig`) with torch
+    seeded by `seed` first: an unsharded ValueTrainer for one rank (the value scorer actor's, and `pcl train
+    --local`'s), else a ShardedValueTrainer in a new process group (NCCL on GPU, gloo on CPU) whose rank 0 listens at
+    `master`."""
+    torch.manual_seed(seed)
+    options = dict(grad_clip=cfg.grad_clip, batch_size=cfg.batch_size, score_dtype=cfg.score_dtype,
+                   max_tokens_per_micro_batch=cfg.max_tokens_per_micro_batch,
+                   activation_checkpointing=cfg.activation_checkpointing)
+    if world_size == 1:
+        return ValueTrainer(ValueModel.from_pretrained(model_path, dtype="float32", device=device), lr=cfg.lr,
+                            **options)
+    from pcl.models.process_group import init_process_group
+
+    gpu = device.startswith("cuda")
+    init_process_group("nccl" if gpu else "gloo", f"tcp://{master[0]}:{master[1]}", rank, world_size, timeout_s)
+    where = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+    model = ValueModel.from_pretrained(model_path, dtype="float32", device="cpu")  # sharded onto `where`
+    return ShardedValueTrainer(model, cfg.lr, device=where, rank=rank, world_size=world_size, **options)

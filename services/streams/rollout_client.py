@@ -2,26 +2,26 @@
 
 `RolloutClient.generate_rollouts` is how the coordinator turns requests (`pcl.engines.request.RolloutRequest`) into
 verified samples: it puts each request's `RequestRecord` on the request stream, in one chunk (stream entry) per
-live rollout worker so that every worker generates its share (`request_chunks`), collects exactly one `RewardNote`
-per (prompt, sample index) from the reward stream and joins each with the result it points at (read back from the
-results stream) into a `RewardRecord`, then trims the streams (the step is committed). A request whose output the
-verifiers refuse (its log-probabilities are not finite numbers <= 0) is asked for once more, and a second refusal
-stops the run naming it (`services.streams.refusals`).
+live rollout worker so that every worker generates its share (`pcl.engines.batching.request_chunks`), collects
+exactly one `RewardNote` per (prompt, sample index) from the reward stream and joins each with the result it points
+at (read back from the results stream) into a `RewardRecord`, then trims the streams (the step is committed). A
+request whose output the verifiers refuse (its log-probabilities are not finite numbers <= 0) is asked for once
+more, and a second refusal stops the run naming it (`services.streams.refusals`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
 from collections import Counter
-from dataclasses import replace
 from typing import Callable, Sequence
 
+from pcl.engines.batching import request_chunks, seeded
 from pcl.engines.request import RolloutRequest, SamplingParams
 from pcl.samples import Sample
 from pcl.config import Config
+from pcl.reward.errors import check_verifier_errors
 from services.streams.payloads import TOKEN_DTYPE, RequestRecord, unpack_logprobs, unpack_tokens
 from services.streams.collector import StepCollector
 from services.streams.refusals import Refusals
@@ -29,42 +29,6 @@ from services.streams.topology import STREAMS, open_role, stream_key
 
 log = logging.getLogger(__name__)
 WAIT_CHECK_S = 5.0  # while a step's samples are missing, the fleet's weights are checked this often
-
-
-def request_seed(seed: int, run: str, step: int, prompt_id: str, first_index: int) -> int:
-    """The sampling seed of one request under rollout.deterministic: a pure function of its key."""
-    digest = hashlib.blake2b(f"{seed}|{run}|{step}|{prompt_id}|{first_index}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "little")
-
-
-def request_chunks(requests: list[RequestRecord], workers: int, max_in_flight: int) -> list[list[RequestRecord]]:
-    """A step's requests cut into stream entries, one chunk each: as many chunks as workers (each worker takes one
-    entry per read, so every worker gets a share), more when a chunk would exceed max_in_flight requests; chunk
-    sizes differ by one at most."""
-    if not requests:
-        return []
-    count = min(len(requests), max(workers, 1, -(-len(requests) // max_in_flight)))
-    size, extra = divmod(len(requests), count)
-    chunks, start = [], 0
-    for index in range(count):
-        end = start + size + (index < extra)
-        chunks.append(requests[start:end])
-        start = end
-    return chunks
-
-
-class TooManyVerifierErrors(RuntimeError):
-    """More of a step's rewards are verifier errors than verifier.max_error_share allows."""
-
-
-def check_verifier_errors(step: int, errors: int, total: int, max_share: float) -> None:
-    """Raise TooManyVerifierErrors when errors / total exceeds max_share: a sick verifier's zeros are not
-    rewards, and training on them would silently teach the policy that correct answers are wrong."""
-    if total and errors > max_share * total:
-        raise TooManyVerifierErrors(
-            f"step {step}: {errors} of {total} rewards ({errors / total:.0%}) are verifier errors, not verdicts, "
-            f"above verifier.max_error_share={max_share:g}; not training on them (the verifiers' logs name the "
-            f"errors; pcl_verifier_errors_total counts them)")
 
 
 class RolloutClient:
@@ -127,12 +91,9 @@ class RolloutClient:
     def _records(self, run: str, step: int, policy_version: int,
                  requests: Sequence[RolloutRequest]) -> list[RequestRecord]:
         """The stream records of a call's requests, each sampled as it says; with rollout.deterministic each with a
-        seed of its own, a pure function of its key (`request_seed`)."""
+        seed of its own, a pure function of its key (`pcl.engines.batching.seeded`)."""
         if self.cfg.rollout.deterministic:
-            seed = self.cfg.run.seed
-            requests = [replace(r, sampling=replace(r.sampling, seed=request_seed(seed, run, step, r.prompt_id,
-                                                                                   r.first_index)))
-                        for r in requests]
+            requests = seeded(requests, self.cfg.run.seed, run, step)
         return [RequestRecord.of(run, step, policy_version, r) for r in requests]
 
     def _collect(self, collector: StepCollector, refusals: Refusals, step: int, on_wait, on_progress) -> None:

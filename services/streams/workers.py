@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from typing import Any, Callable, Mapping
 
-from pcl.engines.request import SamplingParams
+from pcl.engines.batching import by_sampling
 from pcl.reward.verdict import TRUNCATED_REWARD, is_truncated
 from services.streams.backoff import Backoff, FailureLog
 from services.streams.payloads import (RequestRecord, RewardNote, RolloutResult, pack_logprobs, pack_tokens,
@@ -76,7 +76,7 @@ class RolloutService:
             if not ready:
                 return 0
             groups: list[list[RolloutResult]] = []
-            for batch in _by_sampling([r for d in ready for r in d.records], self.batch_requests):
+            for batch in by_sampling([r for d in ready for r in d.records], self.batch_requests):
                 groups += self._generate(batch, version)
             self.requests.forward(ready, self.results, groups)  # every result of the read with its acks, at once
         produced = sum(len(group) for group in groups)
@@ -98,15 +98,6 @@ class RolloutService:
                                logprobs=b"" if g.logprobs is None else pack_logprobs(g.logprobs))
                  for g in gens]
                 for r, gens in zip(reqs, outputs)]
-
-
-def _by_sampling(requests: list[RequestRecord], batch: int) -> list[list[RequestRecord]]:
-    """Requests with equal `sampling` (n included; SamplingParams is hashable) are generated in one engine call of
-    at most `batch`."""
-    groups: dict[SamplingParams, list[RequestRecord]] = {}
-    for r in requests:
-        groups.setdefault(r.sampling, []).append(r)
-    return [group[i:i + batch] for group in groups.values() for i in range(0, len(group), max(1, batch))]
 
 
 class VerifierService:
