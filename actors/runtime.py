@@ -17,6 +17,11 @@ def init_actor_process(threads: int = 1) -> None:
     import torch
 
     torch.set_num_threads(max(1, threads))
+    quiet_libraries()
+
+
+def quiet_libraries() -> None:
+    """Library logging terse and no loading bars (an actor's, or `pcl train --local`'s process)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for name in ("transformers", "ray", "urllib3"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -24,6 +29,7 @@ def init_actor_process(threads: int = 1) -> None:
         import transformers
 
         transformers.logging.set_verbosity_error()
+        transformers.logging.disable_progress_bar()
     except ImportError:  # pragma: no cover - transformers is a hard dependency
         pass
 

@@ -2,7 +2,8 @@
 `pcl --help` returns at once.
 
     pcl make-tiny [--seed 0] [--out DIR] [--task tiny|tiny-carry] [--from-scratch]   a tiny task and its warm-started model
-    pcl train CONFIG [MORE.yaml ...] [--run-dir DIR] [--resume [DIR]] [--ignore-plan] [--rehearse] [key=value ...]
+    pcl train CONFIG [MORE.yaml ...] [--run-dir DIR] [--resume [DIR]] [--ignore-plan] [--rehearse] [--local]
+              [key=value ...]
     pcl control --redis-url URL (--run NAME | --config CONFIG) [key=value ...]   serve a run's control plane
     pcl status [--url URL] [--json]                        a run's status, as a table
     pcl probe-batch CONFIG [--sizes B,...] [--repeats R] [key=value ...]   generation time over batch sizes
@@ -51,7 +52,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.rehearse:  # the config's layout for 2 steps on CPU with the tiny model (entrypoints/rehearse.py)
         from entrypoints.rehearse import rehearse
 
-        return rehearse(cfg, run_dir=args.run_dir)
+        return rehearse(cfg, run_dir=args.run_dir, local=args.local)
+    if args.local:  # one process, one device: `pcl plan` plans a fleet's GPUs, so it is not asked here
+        from entrypoints.local import run_local
+
+        return run_local(cfg, run_dir=args.run_dir, resume=args.resume)
     _check_plan(cfg, args.ignore_plan)
     from entrypoints.train import run_training
 
@@ -242,6 +247,9 @@ def _add_training_commands(sub) -> None:
                    help="train even when `pcl plan` says the config does not fit its GPUs (logged)")
     p.add_argument("--rehearse", action="store_true",
                    help="run the config's layout for 2 steps on CPU with the tiny model and lengths; PASS or FAIL")
+    p.add_argument("--local", action="store_true",
+                   help="run in this process on one device (the CPU or one GPU), without Ray: ranks and workers "
+                   "map to one (entrypoints/local.py)")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("make-tiny", help="build the tiny synthetic task, tokenizer and warm-started model")

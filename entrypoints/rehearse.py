@@ -6,7 +6,8 @@ The config is `pcl.tools.rehearse.rehearsal_config` (the preset's rollout worker
 learner and V ranks, weight-sync route and queue settings; the tiny model, data and lengths; no GPUs). Before it
 runs, the preset itself must pass `pcl plan` against its `cluster` section (a layout its cluster cannot hold
 fails here); the run then places every role in its placement group on the local Ray (CPU bundles) and trains
-2 steps with the preset's engine (vLLM's CPU build for vLLM). Any refusal or error is a FAIL naming it.
+2 steps with the preset's engine (vLLM's CPU build for vLLM). Any refusal or error is a FAIL naming it. With
+`--local` the same config runs in this process (`entrypoints.local`), its ranks and workers mapped to one.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from pathlib import Path
 TINY_CONFIG = "configs/tiny.yaml"
 
 
-def rehearse(preset, tiny=None, run_dir: str | None = None, out=None) -> int:
+def rehearse(preset, tiny=None, run_dir: str | None = None, out=None, local: bool = False) -> int:
     """Rehearse the preset (`pcl.config.Config`) with the tiny config `tiny` (configs/tiny.yaml when None);
-    returns 0 on PASS, 1 on FAIL."""
+    returns 0 on PASS, 1 on FAIL. `local`: in this process (`pcl train PRESET --rehearse --local`), the layout
+    mapped to one process as `--local` maps it; the preset's cluster, checked by the plan first, is one machine's."""
     from pcl.config import load_config
     from pcl.loop.runlog import read_metrics
     from pcl.tools.plan import plan_refusal
@@ -43,11 +45,14 @@ def rehearse(preset, tiny=None, run_dir: str | None = None, out=None) -> int:
     say(f"{preset.run.name}: {len(swapped)} settings swapped for a CPU rehearsal of {REHEARSAL_STEPS} steps")
     for line in swapped:
         say(f"  {line}")
+    from entrypoints.local import run_local
     from entrypoints.train import run_training
 
+    if local:
+        cfg = cfg.model_copy(update={"cluster": type(cfg.cluster)()})
     where = Path(run_dir or tempfile.mkdtemp(prefix="pcl-rehearse-")) / cfg.run.name
     try:
-        code = run_training(cfg, run_dir=str(where))
+        code = (run_local if local else run_training)(cfg, run_dir=str(where))
         steps = [r["step"] for r in read_metrics(where / "metrics.jsonl") if r.get("step", 0) > 0]
     except Exception as exc:  # noqa: BLE001 - any failure is the rehearsal's verdict
         say(f"{type(exc).__name__}: {exc}")

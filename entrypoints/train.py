@@ -116,7 +116,7 @@ def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: 
     from tqdm import tqdm
 
     from pcl.progress import TaskProgress
-    from pcl.loop.runlog import format_step_line, iter_metrics
+    from pcl.loop.runlog import iter_metrics
 
     result = None
     path = run_dir / METRICS_FILE
@@ -135,19 +135,30 @@ def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: 
             for r in records[seen:]:
                 if on_record is not None:
                     on_record(r)
+                line = record_line(r, total_steps)
+                if line is not None:
+                    tqdm.write(line, file=stream)
                 if "effective_ratio" in r:
-                    tqdm.write(format_step_line(r, total_steps), file=stream)
                     bar.n = r["step"]
                     bar.refresh()
-                elif r.get("eval_accuracy") is not None:
-                    se = r.get("eval_accuracy_se")
-                    tqdm.write(f"step {r['step']:>4}/{total_steps}  eval_acc {r['eval_accuracy']:.3f}"
-                               + ("" if se is None else f" ± {se:.3f}"), file=stream)
             seen = len(records)
     finally:
         task.close()
         bar.close()
     return result
+
+
+def record_line(record: dict, total_steps: int) -> str | None:
+    """What the driver prints for a metrics record: a training step's line, or the step-0 evaluation's."""
+    from pcl.loop.runlog import format_step_line
+
+    if "effective_ratio" in record:
+        return format_step_line(record, total_steps)
+    if record.get("eval_accuracy") is not None:
+        se = record.get("eval_accuracy_se")
+        return (f"step {record['step']:>4}/{total_steps}  eval_acc {record['eval_accuracy']:.3f}"
+                + ("" if se is None else f" ± {se:.3f}"))
+    return None
 
 
 def recoverable(exc: BaseException) -> bool:
@@ -177,13 +188,14 @@ def _reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[-1][:200] if text else ''}"
 
 
-def finish_run(cfg: Config, run_dir: Path, summary: dict, trackers, control) -> None:
-    """The end of a finished run: summary.json, the trackers' last events and summary, and the report printed
-    (the same as `pcl summary RUN_DIR`)."""
+def finish_run(cfg: Config, run_dir: Path, summary: dict, trackers, store) -> None:
+    """The end of a finished run: summary.json, the trackers' last events (from the control `store`, when the run
+    has one) and summary, and the report printed (the same as `pcl summary RUN_DIR`)."""
     from pcl.loop.runlog import summarize, summary_report
 
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    trackers.relay(control.store)
+    if store is not None:
+        trackers.relay(store)
     trackers.finish({**summarize(read_metrics(run_dir / METRICS_FILE)), "restarts": summary["restarts"],
                      "total_seconds": summary["total_seconds"]})
     print(f"pcl: done: {summary['steps']} steps in {summary['total_seconds']:.0f}s\n" + summary_report([run_dir]),
@@ -228,19 +240,34 @@ def control_snapshot(checkpoint: Path | None) -> dict | None:
     return None
 
 
+def driver_control(cfg: Config, prep: Prepared, redis, fresh: bool):
+    """The run's control state on its Redis (reset for a fresh run; a resumed one's kept, or taken from the
+    checkpoint's snapshot) and, with control.enabled, the control plane serving it (`services.control.server`)."""
+    from services.control.server import DriverControl
+
+    return DriverControl(cfg, redis.url, prep.run_dir, k_max=len(prep.train_prompts) // cfg.run.m, fresh=fresh,
+                         tools_url=redis.tcp_url, snapshot=control_snapshot(prep.checkpoint),
+                         overrides=prep.overrides)
+
+
 def start_from(cfg: Config, run_dir: Path, fleet, checkpoint: Path | None) -> None:
     """A new fleet restores `checkpoint`; a fresh start (or a restart before the first checkpoint) begins with
     empty logs."""
     import ray
 
-    from pcl.loop.runlog import SELECTIONS_FILE, MetricsLog
-
     if checkpoint is not None:
         info = ray.get(fleet.coordinator.restore.remote(str(checkpoint)), timeout=cfg.learner.timeout_s)
         print(f"pcl: restored step {info['step']} (policy version {info['policy_version']})", flush=True)
     else:
-        MetricsLog(run_dir).truncate_after(-1)
-        MetricsLog(run_dir, SELECTIONS_FILE).truncate_after(-1)
+        fresh_logs(run_dir)
+
+
+def fresh_logs(run_dir: Path) -> None:
+    """A run that starts from step 0 begins with empty metrics and selections."""
+    from pcl.loop.runlog import SELECTIONS_FILE, MetricsLog
+
+    MetricsLog(run_dir).truncate_after(-1)
+    MetricsLog(run_dir, SELECTIONS_FILE).truncate_after(-1)
 
 
 def restart_point(cfg: Config, run_dir: Path, exc: BaseException, restarts: int) -> Path | None:
@@ -274,6 +301,14 @@ def keep_and_record(cfg: Config, prep: Prepared, resume: str | None, redis):
     return events, window, EmbeddedRedisKeeper(redis, cfg.checkpoint.max_restarts, events, probe).watch()
 
 
+def failed_run(trackers, control, exc: BaseException) -> None:
+    """A run that stopped on an error (or an interrupt): its tracker runs marked failed, and its control plane's
+    status (when it has one) says so."""
+    trackers.close(failed=True)
+    if control is not None:
+        control.failed(exc)
+
+
 def release(trackers, console, fleet, control, own_ray: bool, redis, keep_redis) -> None:
     """Close what a run opened, in this order: trackers, the console sink, the fleet, the control plane, Ray
     (when this process started it), Redis, then its keeper (a server the keeper started stops with its thread)."""
@@ -298,7 +333,6 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     started = time.perf_counter()
     prep = prepare(cfg, run_dir, resume)  # bad input fails here, before the heavy imports below
     from actors.runtime import start_ray
-    from services.control.server import DriverControl
     from entrypoints.fleet import start_fleet
     from services.streams.rollout_client import purge_streams
 
@@ -312,12 +346,9 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     events, starting, keep_redis = keep_and_record(cfg, prep, resume, redis)  # starting: the window until actors up
     control, own_ray, fleet, kept = None, False, None, None
     checkpoint, restarts, started_again = prep.checkpoint, 0, []
-    snapshot = control_snapshot(checkpoint)
     try:
         # Control state in Redis (reset for a fresh run) and, with control.enabled, the control plane.
-        control = DriverControl(cfg, redis.url, prep.run_dir, k_max=len(prep.train_prompts) // cfg.run.m,
-                                fresh=resume is None, tools_url=redis.tcp_url, snapshot=snapshot,
-                                overrides=prep.overrides)
+        control = driver_control(cfg, prep, redis, fresh=resume is None)
         own_ray = start_ray()
         while True:
             keep_redis()
@@ -353,12 +384,10 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
                 fleet = None
         summary.update(restarts=restarts, redis_restarts=keep_redis.restarts, started_again=started_again,
                        total_seconds=time.perf_counter() - started)
-        finish_run(cfg, prep.run_dir, summary, trackers, control)
+        finish_run(cfg, prep.run_dir, summary, trackers, control.store)
         return 0
     except BaseException as exc:
-        trackers.close(failed=True)
-        if control is not None:
-            control.failed(exc)
+        failed_run(trackers, control, exc)
         raise
     finally:
         release(trackers, console, fleet, control, own_ray, redis, keep_redis)
