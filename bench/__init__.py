@@ -2,8 +2,9 @@
 
 Each module has `main(argv: list[str] | None = None) -> dict`: it parses `argv` (the command line when None),
 prints its report, and returns its figures, which `--json PATH` also writes; a benchmark whose figures carry
-`exit_code` exits with it. They take from `entrypoints/` at most the training driver (`run_training`); models,
-tokenizers, prompt sets (`pcl.data.inputs`) and Ray (`actors.runtime.start_ray`) come from the library.
+`exit_code` exits with it. They take from `entrypoints/` at most the training drivers (`run_training`, and
+`run_local` for one process); models, tokenizers, prompt sets (`pcl.data.inputs`) and Ray
+(`actors.runtime.start_ray`) come from the library.
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@ model, weight sync; every figure into one JSON file.
 
     python -m bench.gpu_check --out gpu-check.json           # on a CUDA machine
     python -m bench.gpu_check --device cpu --small --out x.json   # a smoke run of the same code on CPU (gloo)
+    python -m bench.gpu_check --e2e --out e2e.json           # instead: PCL end to end, --local (bench/gpu_e2e.py)
 
 Needs torch, transformers, safetensors, numpy and pyyaml only (no pydantic, Ray, Redis, vLLM). The policies are
 built locally from a Qwen3Config with random weights (no hub); `--small` makes every model 2 layers of width 64.
@@ -36,15 +37,16 @@ import argparse
 import gc
 import math
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from bench import ROOT, add_json_option, run, write_figures
-from bench.learner import (SHAPES, build_qwen3, join_group, make_sequences, peak_memory_gb, random_ids, synchronize,
-                           timed_steps)
+from bench import ROOT, add_json_option, run
+from bench.learner import (SHAPES, build_qwen3, finish_report, join_group, make_sequences, peak_memory_gb, random_ids,
+                           synchronize, timed_steps)
 
 # (prompts, samples per prompt, prompt tokens, new tokens) for the engine; learner and value sizes; the scale
 # check's (sequences, prompt tokens, response tokens).
@@ -272,6 +274,11 @@ def check_weight_sync(learner, engine, device: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--e2e" in argv:  # PCL end to end with --local instead of the checks below (bench/gpu_e2e.py)
+        from bench.gpu_e2e import main as end_to_end
+
+        return end_to_end([a for a in argv if a != "--e2e"])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--small", action="store_true", help="2-layer width-64 models and small batches")
@@ -285,6 +292,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "weight-sync buckets through host memory and streamed on the device (bench.weight_buckets)")
     parser.add_argument("--skip", default="", help="comma-separated checks to leave out: scale, engine, learner, "
                         "value (weight sync needs engine and learner)")
+    parser.add_argument("--e2e", action="store_true", help="instead: PCL end to end with pcl train --local, and a "
+                        "Qwen3-1.7B-shaped step part by part (python -m bench.gpu_e2e; its options follow)")
     add_json_option(parser)
     args = parser.parse_args(argv)
     if args.peak_tflops is not None and not args.peak_tflops > 0:
@@ -323,14 +332,7 @@ def main(argv: list[str] | None = None) -> dict:
             report["value"] = check_value(path, args.device, sizes["value"])
         if engine is not None and learner is not None:
             report["weight_sync"] = check_weight_sync(learner, engine, args.device)
-    report["seconds"] = time.perf_counter() - started
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.destroy_process_group()
-    print_report(report)
-    write_figures(args.out, report)
-    return write_figures(args.json, report)
+    return finish_report(report, started, print_report, args.out, args.json)
 
 
 def _parameters(path: Path) -> int:

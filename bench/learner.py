@@ -102,6 +102,24 @@ def join_group(device: str) -> str:
     return init_process_group("nccl" if device.startswith("cuda") else "gloo", f"tcp://127.0.0.1:{port}", 0, 1)
 
 
+def leave_group() -> None:
+    """Destroy this process's group (`join_group`'s, or a --local run's), if any."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def finish_report(report: dict, started: float, print_report, out: str | None, json_path: str | None) -> dict:
+    """A GPU check's end: its total seconds, the process group left, the report printed and written to `out` and
+    `json_path` (either may be None); returns the figures."""
+    report["seconds"] = time.perf_counter() - started
+    leave_group()
+    print_report(report)
+    write_figures(out, report)
+    return write_figures(json_path, report)
+
+
 def peak_memory_gb(device: str) -> float:
     """torch.cuda.max_memory_allocated on CUDA, else this process's peak RSS."""
     if device.startswith("cuda"):

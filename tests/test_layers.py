@@ -8,9 +8,9 @@ on two packages of a layer that import each other (`pcl.loop` and `pcl.strategie
 goes through), on a core module outside `pcl/loop/` that imports the loop (the loop is the core's top: what
 strategies, models and engines share sits below it), on any import that points up the layers, on any `pcl`
 module that imports ray, redis, services or actors, on any `services` module that imports ray (Ray is the actor
-layer's), and on a `bench/` script that takes from `entrypoints/` anything but the training driver itself
-(`entrypoints.train.run_training`): model, tokenizer and data loading and Ray start-up are in the library, where
-both use them.
+layer's), and on a `bench/` script that takes from `entrypoints/` anything but the training drivers themselves
+(`entrypoints.train.run_training`, and `entrypoints.local.run_local` for one process): model, tokenizer and data
+loading and Ray start-up are in the library, where both use them.
 """
 
 from __future__ import annotations
@@ -190,7 +190,8 @@ def test_no_service_imports_ray():
     assert not bad, "services/ runs without Ray (the actors wrap it):\n" + "\n".join(bad)
 
 
-BENCH_MAY_TAKE = {("entrypoints.train", "run_training")}  # the training driver itself, nothing else
+# the training drivers themselves (on a fleet, in one process), nothing else
+BENCH_MAY_TAKE = {("entrypoints.train", "run_training"), ("entrypoints.local", "run_local")}
 
 
 def entrypoint_imports(path: Path) -> list[tuple[str, str | None]]:
@@ -208,8 +209,8 @@ def test_bench_takes_from_entrypoints_only_the_training_driver():
     bad = sorted(f"bench/{path.name}: {module}" + (f".{name}" if name else "")
                  for path in (ROOT / "bench").glob("*.py")
                  for module, name in entrypoint_imports(path) if (module, name) not in BENCH_MAY_TAKE)
-    assert not bad, ("bench/ takes from entrypoints/ at most entrypoints.train.run_training (loading and Ray "
-                     "start-up are in the library):\n" + "\n".join(bad))
+    assert not bad, ("bench/ takes from entrypoints/ at most the training drivers, entrypoints.train.run_training and "
+                     "entrypoints.local.run_local (loading and Ray start-up are in the library):\n" + "\n".join(bad))
 
 
 def test_there_is_no_import_cycle():

@@ -77,6 +77,9 @@ class EngineRollouts:
         if self.engine.policy_version != policy_version:
             raise RuntimeError(f"step {step}: samples of policy version {policy_version} asked for, the engine "
                                f"holds version {self.engine.policy_version}")
+        missing = next((r.prompt_id for r in requests if r.prompt_id not in self.answers), None)
+        if missing is not None:  # a fleet's verifiers dead-letter such a sample; here it is named at once
+            raise KeyError(f"step {step}: no gold answer for prompt id {missing!r}")
         run = f"{self.cfg.run.name}:{tag}" if tag else self.cfg.run.name
         if self.cfg.rollout.deterministic:
             requests = seeded(requests, self.cfg.run.seed, run, step)
@@ -95,9 +98,6 @@ class EngineRollouts:
     def _verify(self, step: int, generated: list) -> tuple[list[Sample], list]:
         """Rewards (algorithm step 5): a truncated response scores 0 unverified, the rest go to the pool; returns
         the samples and the pool's outcomes."""
-        missing = next((r.prompt_id for r, _ in generated if r.prompt_id not in self.answers), None)
-        if missing is not None:
-            raise KeyError(f"step {step}: no gold answer for prompt id {missing!r}")
         scored = [(r, g) for r, g in generated if not is_truncated(g.finish_reason)]
         outcomes = self.pool.score_batch([(g.text, self.answers[r.prompt_id]) for r, g in scored])
         verdict = {id(g): o for (_, g), o in zip(scored, outcomes)}

