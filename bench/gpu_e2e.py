@@ -14,13 +14,13 @@ control plane where they are missing, said in a line; with them, it serves one o
   1.7b        a Qwen3-1.7B-shaped policy and V with random weights (28 layers, width 2048, 151,936 tokens), at
               configs/presets/qwen3-1.7b-base-math.yaml's lengths (1,024-token prompts, 3,072 new tokens), sampling and
               learner and V settings, the step cut from m=512 x n=16 to --m x --n (k=4 candidates a prompt); the
-              parts of one --local step timed one after another with the same classes `pcl.local` runs: V scores
+              parts of one --local step timed one after another with the same classes `pcl.loop.local` runs: V scores
               the k*m candidates and takes its step on m (V alone on the device: its float32 weights and AdamW state
               are ~27 GB), then the HF engine generates n responses of the m prompts (random weights rarely stop:
               every response runs to 3,072 tokens), the learner (1 rank, bf16 compute over float32 master weights,
               the preset's token budget and activation checkpointing; compilation off) takes its step on those m*n
               sequences (advantages +-1, so every sequence trains), and its weights are copied into the engine on
-              the device (`pcl.local.ports.LocalLearner.sync_weights`). The step's split is their sum. The engine is
+              the device (`pcl.loop.local.ports.LocalLearner.sync_weights`). The step's split is their sum. The engine is
               the HF engine (the preset's vLLM is not on such a machine).
 
 Every figure goes to --out / --json. The last line printed is the tiny-carry run's held-out accuracy before -> after.
@@ -105,8 +105,8 @@ def preset_config(device: str, small: bool, sizes: tuple):
 def check_preset_step(tmp: Path, device: str, small: bool, sizes: tuple) -> dict:
     """The 1.7B-shaped step's parts, one after another (see the module docstring)."""
     from pcl.engines import SamplingParams, make_engine
-    from pcl.local.parts import join_group
-    from pcl.local.ports import LocalLearner
+    from pcl.loop.local.parts import join_group
+    from pcl.loop.local.ports import LocalLearner
     from pcl.models.learner import learner_for_run
     from pcl.models.value_sharded import build_value_trainer
 

@@ -4,10 +4,10 @@
     run_local(cfg, run_dir="runs/local", resume="")      # continue from the newest complete checkpoint
 
 The same step loop and schedule as on a fleet (`pcl.loop.StepLoop`, `TrainingRun`) on in-process ports
-(`pcl.local`), and the same driver pieces as `pcl train` (`entrypoints.train`): the checks before anything starts,
+(`pcl.loop.local`), and the same driver pieces as `pcl train` (`entrypoints.train`): the checks before anything starts,
 the run directory, metrics.jsonl and selections.jsonl, checkpoints and `--resume`, the trackers, evaluations, the
 lines printed and the summary. Learner ranks, V's ranks and rollout or verifier workers map to one, said in one
-line (`pcl.local.layout`); a layout that cannot be mapped is refused naming the setting.
+line (`pcl.loop.local.layout`); a layout that cannot be mapped is refused naming the setting.
 
 The control plane is the fleet's too: with control.enabled its state lives in the run's Redis (embedded under
 RUN_DIR/redis unless redis.url names one) and the API, dashboard and /metrics serve it, so pause, resume, tau / k
@@ -35,7 +35,7 @@ def run_local(cfg: Config, run_dir: str | None = None, resume: str | None = None
 
     from actors.runtime import quiet_libraries
     from entrypoints.train import announce, failed_run, finish_run, fresh_logs, prepare
-    from pcl.local.layout import layout_line, one_device
+    from pcl.loop.local.layout import layout_line, one_device
 
     started = time.perf_counter()
     quiet_libraries()
@@ -77,8 +77,8 @@ def run_local(cfg: Config, run_dir: str | None = None, resume: str | None = None
 
 def _training(cfg: Config, prep, device: str, control):
     """The run's schedule (`pcl.loop.TrainingRun`) on its in-process parts; returns both."""
-    import pcl.loop.checkpoint_store as ckpt
-    from pcl.local.parts import LocalParts
+    import pcl.checkpoint_store as ckpt
+    from pcl.loop.local.parts import LocalParts
     from pcl.loop import Evaluation, TrainingRun
     from pcl.strategies import make_strategy
     from services.tracking.trackers import TRACKERS_FILE
@@ -105,7 +105,7 @@ class LocalPlane:
 
     @classmethod
     def open(cls, cfg: Config, prep, fresh: bool) -> "LocalPlane":
-        from pcl.local.ports import NoControl
+        from pcl.loop.local.ports import NoControl
 
         if not cfg.control.enabled:
             print("pcl: no control plane (control.enabled=false)", flush=True)

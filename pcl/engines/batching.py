@@ -8,7 +8,7 @@
 The rollout client (`services.streams.rollout_client`) cuts a step's requests into stream entries with
 `request_chunks`; a rollout worker (`services.streams.workers.RolloutService`) generates each entry's requests in
 engine calls of one `sampling` each (`by_sampling`). The in-process rollouts of `pcl train --local`
-(`pcl.local.ports.EngineRollouts`) make the very same calls, in the same order, on their one engine: with one
+(`pcl.loop.local.ports.EngineRollouts`) make the very same calls, in the same order, on their one engine: with one
 rollout worker, both paths give the engine the same batches. Items are anything with a `sampling`
 (`pcl.engines.request.RolloutRequest`, the stream's `RequestRecord`).
 """

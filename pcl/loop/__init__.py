@@ -12,9 +12,10 @@
     checkpoints.py  when checkpoints are written, what is in them, continuing from one; the best checkpoint
     evaluation.py   held-out accuracy and the benchmark suite during training
     reference.py    the initial policy's pass rates (the prefilter baseline)
+    local/          the ports in one process, over the classes the actors wrap (`pcl train --local`)
 
-`actors/coordinator.py` runs it on the Ray fleet (`actors/ports.py` implements the ports there);
-`tests/pcl/loop/` runs it on in-memory fakes.
+`actors/coordinator.py` runs it on the Ray fleet (`actors/ports.py` implements the ports there), `pcl.loop.local`
+in one process; `tests/pcl/loop/` runs it on in-memory fakes.
 """
 
 from pcl.loop.evaluation import Evaluation

@@ -2,7 +2,7 @@
 
     check_verifier_errors(step, errors, total, cfg.verifier.max_error_share)   # TooManyVerifierErrors, or nothing
 
-The rollout client (`services.streams.rollout_client`) and the in-process rollouts (`pcl.local.ports`) check every
+The rollout client (`services.streams.rollout_client`) and the in-process rollouts (`pcl.loop.local.ports`) check every
 generation call's samples with it.
 """
 

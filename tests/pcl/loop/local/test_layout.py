@@ -1,4 +1,4 @@
-"""A config's layout on one process and one device (`pcl.local.layout`): counts mapped to one and said; what cannot be
+"""A config's layout on one process and one device (`pcl.loop.local.layout`): counts mapped to one and said; what cannot be
 mapped refused, naming the setting."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pcl.config import ConfigError, load_config
-from pcl.local.layout import layout_line, one_device
+from pcl.loop.local.layout import layout_line, one_device
 
 
 def test_the_embedded_default_maps_its_two_learner_ranks_to_one_and_says_so():

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pcl.data.sampler import PromptStream
-from pcl.local.ports import EngineRollouts, LocalLearner, LocalScorer
+from pcl.loop.local.ports import EngineRollouts, LocalLearner, LocalScorer
 
 
 def join_group(device: str) -> bool:

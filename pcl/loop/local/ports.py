@@ -25,7 +25,8 @@ import numpy as np
 
 from pcl.engines.batching import by_sampling, request_chunks, seeded
 from pcl.engines.request import RolloutRequest
-from pcl.loop.batch import Sample, shard_sequences
+from pcl.loop.batch import shard_sequences
+from pcl.samples import Sample
 from pcl.loop.ports import OnProgress, Ready
 from pcl.loop.record import StepRecord
 from pcl.reward.errors import check_verifier_errors
@@ -62,7 +63,9 @@ class EngineRollouts:
     """Generation on one engine and verification by the reward pool (`pcl.reward.pool.RewardPool`), in this process.
 
     Every sample comes from the engine's current weights; a call for another policy version is refused (the
-    on-policy invariant a rollout worker keeps by serving only its own version)."""
+    on-policy invariant a rollout worker keeps by serving only its own version). Log-probabilities that are not
+    finite numbers <= 0 are not asked for again, as a fleet does once (`services.streams.refusals`): the learner
+    refuses them, naming the sequence (`pcl.models.micro_batches`), and the run stops."""
 
     def __init__(self, cfg, engine, pool, answers: Mapping[str, Any]):
         self.cfg, self.engine, self.pool, self.answers = cfg, engine, pool, answers
