@@ -24,11 +24,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pcl.loop.runlog import read_metrics
 
-pytestmark = [pytest.mark.ray, pytest.mark.redis]
+# The first test also starts the run (START_S): past the suite's 600 s per test, the deadlines below decide.
+pytestmark = [pytest.mark.ray, pytest.mark.redis, pytest.mark.timeout(1200)]
 REPO = Path(__file__).resolve().parents[2]
 TOKEN = "live-test-token-0123456789abcdefgh"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 STEPS = 5
+# Deadlines around event-based waits, for a 2-core machine another test run loads too: the run's start (Ray, the
+# fleet, the models; it waits on nothing but the CPU), one step, and the coordinator's answer to a request.
+START_S, STEP_S, ANSWER_S = 480, 240, 120
 
 
 
@@ -37,9 +41,9 @@ class LiveRun:
 
     def __init__(self, proc: subprocess.Popen, run_dir: Path, log: Path):
         self.proc, self.run_dir, self.log = proc, run_dir, log
-        info = self.wait(lambda: _read_json(run_dir / "control.json"), 120, "control.json")
+        info = self.wait(lambda: _read_json(run_dir / "control.json"), START_S, "control.json")
         self.url = info["url"]
-        self.http = httpx.Client(base_url=self.url, timeout=10)
+        self.http = httpx.Client(base_url=self.url, timeout=60)
 
     def wait(self, predicate, timeout_s: float, what: str):
         deadline = time.monotonic() + timeout_s
@@ -56,18 +60,25 @@ class LiveRun:
     def status(self) -> dict:
         return self.http.get("/v1/status").json()
 
-    def wait_paused_at(self, step: int) -> dict:
+    def wait_paused_at(self, step: int, timeout_s: float = STEP_S) -> dict:
         return self.wait(
             lambda: (s := self.status())["state"] == "paused" and s["step"] == step and s,
-            240,
+            timeout_s,
             f"paused at step {step}",
         )
+
+    def heartbeat_after(self, when: float) -> bool:
+        """Whether the coordinator has beaten its heartbeat since `when` (time.time()): the reply's age is taken
+        after this call began, so the beat it implies is, if anything, earlier than the real one."""
+        asked = time.time()
+        age = self.status()["coordinator"]["heartbeat_age_s"]
+        return age is not None and asked - age > when
 
     def advance_one_step(self) -> dict:
         """Resume, wait until the coordinator has left the boundary, pause again: it pauses after one step."""
         step = self.status()["step"]
         assert self.http.post("/v1/resume", headers=AUTH).status_code == 202
-        self.wait(lambda: self.status()["state"] == "running", 30, "running")
+        self.wait(lambda: self.status()["state"] == "running", ANSWER_S, "running")
         assert self.http.post("/v1/pause", headers=AUTH).status_code == 202
         return self.wait_paused_at(step + 1)
 
@@ -134,7 +145,7 @@ def live(untrained_tiny, tmp_path_factory):
         run = LiveRun(proc, run_dir, log)
         # Hold the run before its first step: the tests move it forward one step at a time.
         assert run.http.post("/v1/pause", headers=AUTH).status_code == 202
-        run.wait_paused_at(0)
+        run.wait_paused_at(0, START_S)
         yield run
     finally:
         if proc.poll() is None:
@@ -208,34 +219,47 @@ def _chromium(logging: bool = False):
 
 
 def test_dashboard_shows_the_run_and_its_pause_button_pauses_it(live, tmp_path):
+    """Every wait is on the page's own progress (data-polls, data-drawn-step: a poll every two seconds) or the
+    run's, with the file's deadlines for a loaded machine; what the page shows is asserted once it has drawn."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     browser = _chromium()
     try:
         browser.get(f"{live.url}/#token={TOKEN}")
-        wait = WebDriverWait(browser, 30)
 
-        def points(plot: str) -> int:
-            svg = browser.find_element(By.CSS_SELECTOR, f'[data-plot="{plot}"] svg')
-            return int(svg.get_attribute("data-points") or 0)
+        def page() -> dict:
+            """What the page says of its polls, and the points of each plot."""
+            body = browser.find_element(By.TAG_NAME, "body")
+            seen = {key: body.get_attribute(f"data-{key}") for key in ("polls", "drawn-step", "error")}
+            for svg in browser.find_elements(By.CSS_SELECTOR, "[data-plot] svg"):
+                plot = svg.find_element(By.XPATH, "..").get_attribute("data-plot")
+                seen[plot] = int(svg.get_attribute("data-points") or 0)
+            return {**seen, "polls": int(seen["polls"] or 0), "state": browser.find_element(By.ID, "state").text}
 
-        wait.until(lambda _: points("train_reward_mean") == 2)
-        assert points("eval_accuracy") == 2 and points("seconds") == 2 and points("tau") == 2
-        assert browser.find_element(By.ID, "state").text == "paused"
+        def page_wait(predicate, what: str) -> dict:
+            try:
+                return live.wait(lambda: p if predicate(p := page()) else None, STEP_S, what)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\nthe page: {page()}") from None
+
+        # Paused at step 2: once the page has drawn step 2, it has drawn all it will until the run moves.
+        drawn = page_wait(lambda p: p["drawn-step"] == "2", "the page to draw step 2")
+        assert drawn["train_reward_mean"] == 2 and drawn["eval_accuracy"] == 2, drawn
+        assert drawn["seconds"] == 2 and drawn["tau"] == 2 and drawn["state"] == "paused", drawn
         assert TOKEN not in browser.current_url  # the token leaves the address bar
 
         assert live.http.post("/v1/resume", headers=AUTH).status_code == 202
-        live.wait(lambda: live.status()["state"] == "running", 30, "running")
+        live.wait(lambda: live.status()["state"] == "running", ANSWER_S, "running")
         browser.find_element(By.ID, "pause").click()
         status = live.wait_paused_at(3)
-        time.sleep(1.0)
-        assert live.status()["step"] == 3 == status["step"]  # it stays paused
-        wait.until(
-            lambda _: (
-                points("train_reward_mean") == 3 and browser.find_element(By.ID, "state").text == "paused"
-            )
-        )
+        paused_seen, polls = time.time(), page()["polls"]
+        # It stays paused: the coordinator beats its heartbeat after the pause, and the page polls twice more
+        # (one poll starting after the pause was seen), while the step stays at 3.
+        live.wait(lambda: live.heartbeat_after(paused_seen), ANSWER_S, "a heartbeat after the pause")
+        held = page_wait(lambda p: p["polls"] >= polls + 2, "two more polls of the page")
+        assert live.status()["step"] == 3 == status["step"] and live.status()["state"] == "paused"
+        assert held["drawn-step"] == "3" and held["train_reward_mean"] == 3 and held["state"] == "paused", held
+        assert held["error"] == "", held
         assert "accepted" in browser.find_element(By.ID, "message").text
         events = live.http.get("/v1/events").json()
         assert [(e["type"], e["step"]) for e in events[-2:]] == [("pause_requested", None), ("paused", 4)]
@@ -252,11 +276,11 @@ def test_params_change_at_the_next_step_and_the_run_finishes(live):
     r = live.http.patch("/v1/params", json={"tau": 0.3, "k": 3}, headers=AUTH)
     assert r.status_code == 202
     assert live.http.patch("/v1/params", json={"tau": 2}, headers=AUTH).status_code == 422
-    live.wait(lambda: live.status()["tau"] == 0.3, 10, "tau applied to the coordinator's strategy")
+    live.wait(lambda: live.status()["tau"] == 0.3, ANSWER_S, "tau applied to the coordinator's strategy")
     assert live.http.post("/v1/resume", headers=AUTH).status_code == 202
-    final = live.wait(lambda: (s := live.status())["state"] == "finished" and s, 240, "finished")
+    final = live.wait(lambda: (s := live.status())["state"] == "finished" and s, STEP_S * STEPS, "finished")
     events = live.http.get("/v1/events", params={"limit": 100}).json()
-    assert live.wait(lambda: live.proc.poll() is not None, 120, "exit") and live.proc.returncode == 0, (
+    assert live.wait(lambda: live.proc.poll() is not None, ANSWER_S, "exit") and live.proc.returncode == 0, (
         live.tail()
     )
 
