@@ -351,7 +351,10 @@ def main():
     print("generated", len(engine.generate([[1, 2, 3]], params)[0]), engine.alive(), flush=True)
     [core] = [c for c in children if "EngineCore" in c.name()]
     core.kill()  # the engine dies (out of memory, an NCCL abort)
-    time.sleep(3)
+    core.wait(timeout=120)
+    deadline = time.monotonic() + 120  # vLLM's monitor thread marks the engine dead once it sees the core gone
+    while engine.alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
     failure = None
     try:
         engine.generate([[1, 2, 3]], params)

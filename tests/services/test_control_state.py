@@ -40,7 +40,7 @@ def boundary_in_thread(control: RunControl, step: int, strategy) -> tuple[thread
     return thread, out
 
 
-def wait_for(predicate, timeout_s: float = 10.0):
+def wait_for(predicate, timeout_s: float = 60.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if value := predicate():
@@ -90,16 +90,20 @@ def test_pause_blocks_at_the_boundary_until_resume_and_records_the_step(store, c
     with pytest.raises(ControlConflict, match="already paused"):
         store.request_pause()
 
+    reads, read = [], store.desired  # the boundary's reads of what is asked for
+    store.desired = lambda: reads.append(1) or read()
     thread, out = boundary_in_thread(control, 3, strategy)  # before the 4th step
     wait_for(lambda: store.status()["state"] == "paused")
-    time.sleep(0.2)
-    assert thread.is_alive() and not out  # blocked while paused
+    paused_seen, seen_reads = time.monotonic(), len(reads)
+    wait_for(lambda: len(reads) >= seen_reads + 2)  # it has looked again, twice, and ...
+    assert thread.is_alive() and not out  # ... stays blocked while paused
     status = store.status()
     assert status["paused"] and status["step"] == 3 and status["coordinator"]["alive"]
 
+    held_s = time.monotonic() - paused_seen
     store.request_resume()
-    thread.join(timeout=5)
-    assert not thread.is_alive() and out[0] >= 0.2  # returns the seconds paused
+    thread.join(timeout=60)
+    assert not thread.is_alive() and out[0] >= held_s  # returns the seconds paused
     kinds = [(e["type"], e["step"]) for e in store.events()]
     assert kinds == [("pause_requested", None), ("paused", 4), ("resume_requested", None), ("resumed", 4)]
     assert store.status()["state"] == "running"
@@ -127,7 +131,7 @@ def test_params_apply_at_the_next_boundary_even_while_paused(store, control):
     wait_for(lambda: store.status()["k"] == 8)  # applied while paused, for the step that follows the pause
     assert strategy.k == 8 and store.status()["pending_params"] == {}
     store.request_resume()
-    thread.join(timeout=5)
+    thread.join(timeout=60)
     assert strategy.pool_size == 64
     assert [e["step"] for e in store.events() if e["type"] == "params_applied"] == [2, 3]
 

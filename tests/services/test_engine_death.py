@@ -71,6 +71,7 @@ from actors.engine_processes import end_process, record_engine_processes
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 print(child.pid, flush=True)
 record_engine_processes({run!r}, "rollout-0")
+print("recorded", flush=True)
 if {end!r}:
     end_process(RuntimeError("EngineDeadError"))
 time.sleep(600)
@@ -105,7 +106,7 @@ def test_a_restarted_worker_ends_the_engine_processes_its_killed_predecessor_lef
     from actors.engine_processes import reap_engine_processes
 
     parent, child = start_parent(tmp_path, key_prefix, end=False)
-    time.sleep(1.0)  # the record is written
+    assert parent.stdout.readline() == "recorded\n"  # the record is written
     parent.kill()  # as Ray kills an actor: SIGKILL, its children stay
     parent.wait(timeout=10)
     assert psutil.pid_exists(child) and not gone(child, 0.5)  # an orphan, holding what it held

@@ -56,22 +56,39 @@ def test_take_blocks_for_block_ms_then_returns_nothing(make_queue):
 
 
 @pytest.mark.redis
-def test_a_waiting_consumer_takes_a_whole_put_at_once(make_queue):
+def test_a_waiting_consumer_takes_a_whole_put_at_once(make_queue, both_redis_clients, key_prefix):
     """A worker blocked in take() wakes to all the entries of one put, not to its first one: a step's 64
     requests are generated as one batch, never as 1 + 63."""
     import threading
 
-    producer, consumer = make_queue("producer", block_ms=50), make_queue("worker", block_ms=3000)
-    producer.take(1)  # both consumers join the group before anything is put
-    for _ in range(3):
-        taken: list = []
-        waiting = threading.Thread(target=lambda: taken.extend(consumer.take(64)))
-        waiting.start()
-        time.sleep(0.3)  # the consumer is blocked in XREADGROUP
-        producer.put([request(f"p{i}") for i in range(64)])
-        waiting.join(5)
-        assert len(taken) == 64, f"the blocked consumer woke to {len(taken)} of the 64 entries"
-        consumer.ack(taken)
+    import redis
+
+    pool = both_redis_clients.connection_pool  # the consumer's own connections, named, to see it blocked
+    options = {**pool.connection_kwargs, "client_name": f"{key_prefix}:w", "socket_timeout": 180}
+    own = redis.Redis(connection_pool=redis.ConnectionPool(connection_class=pool.connection_class, **options))
+    producer = make_queue("producer", block_ms=50)
+    consumer = WorkQueue(own, f"{key_prefix}:requests", "workers", "worker", block_ms=120_000)
+    producer.take(1)  # the group exists before anything is put
+
+    def blocked() -> bool:
+        return any(c.get("name") == f"{key_prefix}:w" and c.get("cmd") == "xreadgroup" and "b" in c.get("flags", "")
+                   for c in both_redis_clients.client_list())
+
+    try:
+        for _ in range(3):
+            taken: list = []
+            waiting = threading.Thread(target=lambda: taken.extend(consumer.take(64)))
+            waiting.start()
+            deadline = time.monotonic() + 120
+            while not blocked():  # the consumer is blocked in XREADGROUP
+                assert waiting.is_alive() and time.monotonic() < deadline, "the consumer never blocked"
+                time.sleep(0.01)
+            producer.put([request(f"p{i}") for i in range(64)])
+            waiting.join(120)
+            assert len(taken) == 64, f"the blocked consumer woke to {len(taken)} of the 64 entries"
+            consumer.ack(taken)
+    finally:
+        own.close()
 
 
 @pytest.mark.redis
@@ -98,10 +115,11 @@ def test_backpressure_caps_unacked_deliveries(make_queue):
 def test_entries_of_a_silent_consumer_are_reclaimed_after_the_visibility_timeout(make_queue):
     stalled = make_queue("stalled", visibility_timeout_s=0.3, block_ms=20)
     rescuer = make_queue("rescuer", visibility_timeout_s=0.3, block_ms=20)
+    patient = make_queue("patient", visibility_timeout_s=600, block_ms=20)  # not stale yet, however slow this is
     stalled.put([request(f"p{i}") for i in range(4)])
     held = stalled.take(10)
-    assert rescuer.take(10) == []  # not stale yet
-    time.sleep(0.35)
+    assert patient.take(10) == []  # not stale yet
+    time.sleep(0.35)  # past the rescuer's visibility timeout (a slower machine only waits longer)
     rescued = rescuer.take(10)
     assert [d.id for d in rescued] == [d.id for d in held]
     assert all(d.deliveries == 2 for d in rescued)
