@@ -56,7 +56,7 @@ def server(store):
 
 @pytest.fixture
 def api(server):
-    with httpx.Client(base_url=server.url, timeout=10) as client:
+    with httpx.Client(base_url=server.url, timeout=60) as client:  # generous: a loaded machine
         yield client
 
 

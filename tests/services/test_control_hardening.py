@@ -21,8 +21,9 @@ from tests.services.control_fixtures import AUTH, TOKEN, api, running, server, s
 pytestmark = pytest.mark.redis
 
 
-def raw_request(port: int, head: bytes, body: bytes = b"", timeout_s: float = 5.0) -> bytes:
-    """Send a request's head (and any body) on a fresh connection; the reply's first bytes (b"" on timeout)."""
+def raw_request(port: int, head: bytes, body: bytes = b"", timeout_s: float = 60.0) -> bytes:
+    """Send a request's head (and any body) on a fresh connection; the reply's first bytes (b"" on timeout:
+    generous, so that only a server that waits for what never comes runs out of it, not a loaded one)."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as sock:
         sock.sendall(head + body)
         try:

@@ -98,7 +98,7 @@ def _patch_200_mb_without_token(port: int) -> bytes:
                                                          r.getfixturevalue("key_prefix"))],
                          indirect=True, ids=["session-redis"])
 def test_a_200_mb_unauthenticated_patch_does_not_grow_the_server(control_process, redis_client):
-    http = httpx.Client(base_url=control_process.url, timeout=10)
+    http = httpx.Client(base_url=control_process.url, timeout=60)
     for _ in range(5):  # warm: the first requests allocate what every request needs
         http.get("/v1/status")
         http.patch("/v1/params", json={"tau": 0.4})
