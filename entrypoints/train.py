@@ -116,10 +116,10 @@ def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: 
     from tqdm import tqdm
 
     from pcl.progress import TaskProgress
-    from pcl.loop.runlog import iter_metrics
+    from pcl.loop.runlog import MetricsTail
 
     result = None
-    path = run_dir / METRICS_FILE
+    tail = MetricsTail(run_dir / METRICS_FILE, skip=seen)  # each line read once, however long the run
     bar = tqdm(total=total_steps, unit="step", file=sys.stderr, dynamic_ncols=True, leave=False,
                disable=not sys.stderr.isatty())
     task = TaskProgress(run_dir, stream)  # the coordinator's long tasks: reference pass, evaluation
@@ -128,11 +128,11 @@ def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: 
             done, _ = ray.wait([coordinator_ref], timeout=1.0)
             if done:
                 result = ray.get(coordinator_ref)
-            records = list(iter_metrics(path))
+            records = tail.new()
             task.poll()
             if on_poll is not None:
                 on_poll()
-            for r in records[seen:]:
+            for r in records:
                 if on_record is not None:
                     on_record(r)
                 line = record_line(r, total_steps)
@@ -141,7 +141,6 @@ def follow(coordinator_ref, run_dir: Path, total_steps: int, stream=None, seen: 
                 if "effective_ratio" in r:
                     bar.n = r["step"]
                     bar.refresh()
-            seen = len(records)
     finally:
         task.close()
         bar.close()

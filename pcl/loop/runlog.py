@@ -86,6 +86,40 @@ def iter_metrics(path: str | os.PathLike, offset: int = 0) -> Iterator[dict]:
                 continue
 
 
+class MetricsTail:
+    """The records appended to a metrics file since the last look, read on from where that look stopped: a driver
+    following a run for days reads each line once, not the whole file every second.
+
+        tail = MetricsTail(run_dir / METRICS_FILE, skip=seen)    # the first `seen` records are not new
+        for record in tail.new(): ...
+    """
+
+    def __init__(self, path: str | os.PathLike, skip: int = 0):
+        self.path, self.skip, self.offset = Path(path), skip, 0
+
+    def new(self) -> list[dict]:
+        """Complete records appended since the last call (a torn last line waits for its end)."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n") + 1
+        self.offset += end
+        records = []
+        for line in chunk[:end].splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if self.skip:
+                self.skip -= 1
+            else:
+                records.append(record)
+        return records
+
+
 def format_step_line(r: dict, total_steps: int) -> str:
     """One console line per step: the numbers a user watches."""
 
