@@ -34,8 +34,19 @@ def quiet_libraries() -> None:
         pass
 
 
+# Ray's own growth over a run of days, bounded where this process starts a local Ray (a cluster's nodes take these
+# from their own environment: docs/operations.md, "Long runs"); a value already in the environment wins.
+# - task events the GCS keeps for the state API and the dashboard (Ray's default: 100,000 tasks, about as many as
+#   a few thousand steps of the tiny run make; the GCS server's memory grows with them until then);
+# - every log file rotated at RAY_ROTATION_MAX_BYTES, RAY_ROTATION_BACKUP_COUNT old files kept (Ray's defaults,
+#   512 MB and 5, allow 3 GB per file; a worker's .out/.err rotate only when RAY_ROTATION_MAX_BYTES is set).
+RAY_LIMITS = {"RAY_task_events_max_num_task_in_gcs": "10000", "RAY_ROTATION_MAX_BYTES": str(64 << 20),
+              "RAY_ROTATION_BACKUP_COUNT": "2"}
+
+
 def start_ray() -> bool:
-    """Connect to the cluster in RAY_ADDRESS, or start a local Ray; returns whether we started it."""
+    """Connect to the cluster in RAY_ADDRESS, or start a local Ray (its growth bounded: RAY_LIMITS); returns whether
+    we started it."""
     import ray
 
     if ray.is_initialized():
@@ -47,6 +58,8 @@ def start_ray() -> bool:
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], **{k: v for k, v in quiet.items() if k != "include_dashboard"})
         return False
+    for key, value in RAY_LIMITS.items():  # read by Ray's processes as they start, workers included
+        os.environ.setdefault(key, value)
     ray.init(num_cpus=max(2, os.cpu_count() or 2), **quiet)
     return True
 
