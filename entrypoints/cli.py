@@ -14,8 +14,9 @@
     pcl export RUN_DIR|CHECKPOINT|MODEL_DIR --out DIR       the policy in Hugging Face format
     pcl chaos CONFIG --seed S --faults N [--window S | --step-seconds S] [--out DIR] [--reference] [key=value ...]
                                                            a run under a seeded fault schedule; its invariants
-    pcl plan CONFIG [MORE.yaml ...] [--nodes N] [--gpus-per-node G] [--gpu-memory GB] [--headroom F] [key=value ...]
-                                                           GPU memory per GPU of each role; exit 1 if it cannot fit
+    pcl plan CONFIG [MORE.yaml ...] [--nodes N] [--gpus-per-node G] [--gpu-memory GB] [--headroom F] [--disk GB]
+             [key=value ...]                               GPU memory per GPU of each role and the run's disk; exit 1
+                                                           if it cannot fit
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     files, overrides = _config_files(args)
     flags = {"nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "gpu_memory_gb": args.gpu_memory,
-             "headroom": args.headroom}  # the flags win over the config's cluster section
+             "headroom": args.headroom, "disk_gb": args.disk}  # the flags win over the config's cluster section
     cfg = load_config(files, overrides + [f"cluster.{k}={v}" for k, v in flags.items() if v is not None])
     try:
         plan = plan_run(cfg)
@@ -342,7 +343,7 @@ def _add_model_commands(sub) -> None:
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("plan", help="GPU memory per GPU (policy, V, optimizer states, KV cache) of a config on a "
-                       "cluster; exits 1 naming the shortfall when it cannot fit")
+                       "cluster, and the disk its run writes; exits 1 naming the shortfall when it cannot fit")
     p.add_argument("config", help="YAML run config, e.g. configs/presets/qwen3-8b-base-math.yaml")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. value.num_ranks=4")
     p.add_argument("--nodes", type=int, help="nodes (default: cluster.nodes of the config)")
@@ -351,6 +352,8 @@ def _add_model_commands(sub) -> None:
                    "cluster.gpu_memory_gb)")
     p.add_argument("--headroom", type=float, help="share of each learner / value GPU kept free for activations "
                    "(default: cluster.headroom)")
+    p.add_argument("--disk", type=float, metavar="GB", help="disk the run directory may use, in GB (default: "
+                   "cluster.disk_gb; unset: the disk the run writes is printed, not checked)")
     p.set_defaults(func=_cmd_plan)
 
 

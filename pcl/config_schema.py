@@ -328,13 +328,16 @@ class LoggingConfig(Section):
 
 
 class ClusterConfig(Section):
-    """The cluster `pcl plan` checks a run's GPU memory against (nothing else reads it)."""
+    """The cluster `pcl plan` checks a run's GPU memory and disk against (nothing else reads it)."""
 
     nodes: int = Field(1, ge=1, description="Nodes.")
     gpus_per_node: int = Field(8, ge=1, description="GPUs per node.")
     gpu_memory_gb: float = Field(80.0, gt=0, description="Memory of one GPU, in GB (10^9 bytes).")
     headroom: float = Field(0.1, ge=0, lt=1, description="Share of every learner and value GPU kept free for what "
                             "the plan does not count: activations, the CUDA context, allocator fragmentation.")
+    disk_gb: float | None = Field(None, gt=0, description="Disk the run directory may use, in GB: a config whose "
+                                  "run would write more (checkpoints, step records, Redis' AOF: pcl plan) is "
+                                  "refused; unset: printed, not checked.")
 
 
 class Config(Section):

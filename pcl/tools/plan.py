@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # only types here: the shapes and FLOPs import without pydant
     from pcl.config import ClusterConfig, Config
 from pcl.engines import max_model_len
 from pcl.strategies import make_strategy
+from pcl.tools.disk import DiskPlan, disk_plan, disk_shortfall
 from pcl.tools.shapes import KNOWN_MODELS, LOGITS_CHUNK, ModelShape, PlanError, model_shape  # noqa: F401 (re-exported)
 
 GB = 1e9
@@ -63,6 +64,7 @@ class Plan:
     roles: list[Role] = field(default_factory=list)
     shortfalls: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    disk: DiskPlan | None = None
 
     def table(self) -> str:
         columns = ["weights", "grads", "optimizer", "gathered", "activations", "logits", "scoring copy", "KV cache"]
@@ -77,6 +79,10 @@ class Plan:
                          f"{role.total / GB:>9.1f}{role.budget / GB:>9.1f}"
                          f"{'-' if role.tokens is None else role.tokens:>11}")
         lines += [f"  {note}" for note in self.notes]
+        if self.disk is not None:
+            limit = c.disk_gb
+            lines += self.disk.lines() + [f"  cluster.disk_gb: {limit:g} GB" if limit is not None else
+                                          "  cluster.disk_gb unset: not checked"]
         problems = "\n".join(f"  {s}" for s in self.shortfalls)
         lines.append(f"does not fit:\n{problems}" if self.shortfalls else "fits")
         return "\n".join(lines)
@@ -183,11 +189,23 @@ def plan_run(cfg: Config, cluster: ClusterConfig | None = None) -> Plan:
     cluster = cluster or cfg.cluster
     cfg = cfg.model_copy(update={"cluster": cluster})
     plan, gpu = Plan(cluster), cluster.gpu_memory_gb * GB
-    if not (cfg.learner.num_gpus_per_rank > 0 and cfg.rollout.num_gpus_per_worker > 0):
+    needs_value = make_strategy(cfg.selection, cfg.run.m, cfg.run.seed, n=cfg.run.n).needs_values
+    on_gpus = cfg.learner.num_gpus_per_rank > 0 and cfg.rollout.num_gpus_per_worker > 0
+    try:
+        policy = model_shape(cfg.model.path)
+        value = model_shape(cfg.value.path or cfg.model.path)
+    except PlanError:
+        if on_gpus:
+            raise
         plan.notes.append("learner.num_gpus_per_rank or rollout.num_gpus_per_worker is 0: a CPU run, not checked")
         return plan
-    policy = model_shape(cfg.model.path)
-    value = model_shape(cfg.value.path or cfg.model.path)
+    plan.disk = disk_plan(cfg, policy, value if needs_value else None)
+    if problem := disk_shortfall(cfg, plan.disk, policy, value if needs_value else None):
+        plan.shortfalls.append(problem)
+    if not on_gpus:
+        plan.notes.append("learner.num_gpus_per_rank or rollout.num_gpus_per_worker is 0: a CPU run, GPU memory not "
+                          "checked")
+        return plan
     plan.notes.append(f"policy {cfg.model.path}: {policy.policy_params / 1e9:.2f}B parameters ({policy.source}); "
                       f"V: {value.value_params / 1e9:.2f}B")
     on_off = {True: "on", False: "off"}
@@ -196,7 +214,6 @@ def plan_run(cfg: Config, cluster: ClusterConfig | None = None) -> Plan:
                       f"activation checkpointing {on_off[cfg.learner.activation_checkpointing]}; V "
                       f"value.max_tokens_per_micro_batch {cfg.value.max_tokens_per_micro_batch}, batch_size "
                       f"{cfg.value.batch_size}, activation checkpointing {on_off[cfg.value.activation_checkpointing]}")
-    needs_value = make_strategy(cfg.selection, cfg.run.m, cfg.run.seed, n=cfg.run.n).needs_values
     learner = _learner(cfg, policy, gpu)
     plan.roles.append(learner)
     if learner.total > learner.budget:
