@@ -264,6 +264,13 @@ def _socket_path(data_dir: Path) -> str:
     return path if len(path) < 100 else os.path.join(tempfile.mkdtemp(prefix="pcl-redis-"), "redis.sock")
 
 
+# The AOF's bound over a run of days: Redis rewrites it (from its data, in a forked child) once it has passed
+# AOF_REWRITE_MIN_MB and grown by AOF_REWRITE_PERCENTAGE since its last rewrite, so it stays under about twice the
+# larger of that size and Redis' data (pcl/tools/disk.py counts it; a soak sees it swing under that).
+AOF_REWRITE_PERCENTAGE = 100
+AOF_REWRITE_MIN_MB = 64
+
+
 def default_maxmemory() -> int:
     """A quarter of the machine's physical memory, in bytes: the embedded server's maxmemory by default."""
     try:
@@ -283,6 +290,7 @@ def _spawn(data_dir: Path, port: int, appendonly: bool, socket_path: str, timeou
         "protected-mode yes", "daemonize no", f"dir {_quote(str(data_dir))}",
         "logfile redis.log", 'save ""',  # no RDB snapshots: durability comes from the AOF alone
         f"appendonly {'yes' if appendonly else 'no'}", "appendfsync always",
+        f"auto-aof-rewrite-percentage {AOF_REWRITE_PERCENTAGE}", f"auto-aof-rewrite-min-size {AOF_REWRITE_MIN_MB}mb",
         "stop-writes-on-bgsave-error no", "maxmemory-policy noeviction", f"maxmemory {int(maxmemory)}",
     ]) + "\n")
     if die_with_thread is None:

@@ -73,3 +73,12 @@ def test_pcl_plan_and_pcl_train_refuse_a_run_over_its_disk():
     assert "cluster.disk_gb is 800 GB; set checkpoint.keep <= 1, or raise cluster.disk_gb" in plan.stdout
     train = pcl("train", str(PRESET), "cluster.disk_gb=800")
     assert train.returncode == 2 and "cluster.disk_gb is 800 GB" in train.stderr
+
+
+def test_the_bounds_counted_are_the_services_own():
+    from pcl.tools.disk import HISTORY_CAP
+    from services.control.state import HISTORY_MAXLEN
+    from services.redis_server import AOF_REWRITE_MIN_MB, AOF_REWRITE_PERCENTAGE
+
+    assert HISTORY_CAP == HISTORY_MAXLEN and AOF_REWRITE_MIN_BYTES == AOF_REWRITE_MIN_MB << 20
+    assert AOF_REWRITE_PERCENTAGE == 100  # "twice": the AOF is rewritten once it has doubled

@@ -25,6 +25,8 @@ def test_embedded_server_starts_with_aof_and_stops_on_close(tmp_path):
     assert client.info("server")["redis_version"].startswith("6.2")
     assert client.config_get("appendonly") == {"appendonly": "yes"}
     assert client.config_get("appendfsync") == {"appendfsync": "always"}
+    assert client.config_get("auto-aof-rewrite-percentage") == {"auto-aof-rewrite-percentage": "100"}  # the AOF's
+    assert client.config_get("auto-aof-rewrite-min-size") == {"auto-aof-rewrite-min-size": str(64 << 20)}  # bound
     pid = handle.pid
     handle.close()
     assert handle.pid is None and not ping(handle.url, timeout_s=0.3) and not ping(handle.tcp_url, timeout_s=0.3)
