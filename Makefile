@@ -8,7 +8,7 @@ DEMO_STAMP := $(VENV)/.installed-run
 RUN_DIR ?= runs/demo
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo -n)
 
-.PHONY: demo test test-slow test-all test-chaos test-tools bench experiment install clean
+.PHONY: demo test test-slow test-all test-chaos test-soak test-tools bench experiment install clean
 
 # Setup is quiet: each step's output goes to $(VENV)/install.log, and is shown only when the step fails.
 QUIET = >>$(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; echo "make: setup failed (log: $(VENV)/install.log)"; exit 1; }
@@ -62,6 +62,18 @@ CHAOS_FAULTS ?= 12
 test-chaos: $(STAMP)
 	$(BIN)/pcl chaos configs/chaos.yaml --seed $(CHAOS_SEED) --faults $(CHAOS_FAULTS) --reference \
 	  --out runs/chaos-seed$(CHAOS_SEED)-$$(date +%Y%m%d-%H%M%S)
+
+# A soak (docs/operations.md, "Long runs"): configs/soak.yaml trained for SOAK_MINUTES under steady control-plane
+# traffic, every process of the run, its Redis, its files and its Ray session sampled from outside every 15 s, then
+# the report (slopes, 72-hour projections, verdicts; text, JSON, PNG) in runs/soak-<engine>-<minutes>m-<time>;
+# then the dashboard drawing a full history in Chromium. A long one: make test-soak SOAK_MINUTES=180; vLLM's CPU
+# build: make test-soak SOAK_ENGINE=vllm SOAK_MINUTES=20.
+SOAK_MINUTES ?= 60
+SOAK_ENGINE ?= hf
+test-soak: $(STAMP) test-tools
+	$(BIN)/pcl soak configs/soak.yaml --minutes $(SOAK_MINUTES) rollout.engine=$(SOAK_ENGINE) \
+	  --out runs/soak-$(SOAK_ENGINE)-$(SOAK_MINUTES)m-$$(date +%Y%m%d-%H%M%S)
+	$(BIN)/python -m pytest tests/services/test_dashboard_scale.py -m slow -q -s
 
 test-all: $(STAMP) test-tools
 	$(BIN)/python -m pytest -q $(XDIST)

@@ -14,6 +14,8 @@
     pcl export RUN_DIR|CHECKPOINT|MODEL_DIR --out DIR       the policy in Hugging Face format
     pcl chaos CONFIG --seed S --faults N [--window S | --step-seconds S] [--out DIR] [--reference] [key=value ...]
                                                            a run under a seeded fault schedule; its invariants
+    pcl soak CONFIG [--minutes M] [--sample-seconds S] [--warmup S] [--out DIR] [key=value ...]
+                                                           a long run sampled from outside: what grows, leaks or fills up
     pcl plan CONFIG [MORE.yaml ...] [--nodes N] [--gpus-per-node G] [--gpu-memory GB] [--headroom F] [--disk GB]
              [key=value ...]                               GPU memory per GPU of each role and the run's disk; exit 1
                                                            if it cannot fit
@@ -192,6 +194,13 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
                      out=args.out, reference=args.reference, timeout_s=args.timeout, step_s=args.step_seconds)
 
 
+def _cmd_soak(args: argparse.Namespace) -> int:
+    from entrypoints.soak import run_soak
+
+    return run_soak(args.config, args.overrides, minutes=args.minutes, out=args.out, sample_s=args.sample_seconds,
+                    warmup_s=args.warmup)
+
+
 def _cmd_probe_batch(args: argparse.Namespace) -> int:
     from pcl.config import ConfigError, load_config
 
@@ -313,6 +322,17 @@ def _add_run_commands(sub) -> None:
                    "the final weights (rollout.deterministic) or held-out accuracy")
     p.add_argument("--timeout", type=float, help="give up after this many seconds (default 2 x window + 1200)")
     p.set_defaults(func=_cmd_chaos)
+
+    p = sub.add_parser("soak", help="train for a set time under steady control-plane traffic, sampling every "
+                       "process, Redis, the run's files and Ray's session: what grows? (docs/operations.md)")
+    p.add_argument("config", help="YAML run config, e.g. configs/soak.yaml")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. rollout.engine=vllm")
+    p.add_argument("--minutes", type=float, default=60.0, help="minutes of training (default 60)")
+    p.add_argument("--sample-seconds", type=float, default=15.0, help="seconds between samples (default 15)")
+    p.add_argument("--warmup", type=float, metavar="SECONDS", help="seconds of training left out of the slopes "
+                   "(default: the larger of 300 s and a third of the run, and past the first checkpoint)")
+    p.add_argument("--out", help="output directory (default runs/soak-<run.name>-<time>)")
+    p.set_defaults(func=_cmd_soak)
 
     p = sub.add_parser("summary", help="headline figures of finished or running runs, side by side")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")

@@ -37,9 +37,11 @@ MILESTONES = (  # (pattern in a line of pcl train's output, what it means)
 
 class Driver:
     def __init__(self, command: list[str], run_dir: Path, env: dict[str, str], log_path: Path,
-                 clock: Callable[[], float], on_start: Callable[[subprocess.Popen], None] | None = None):
+                 clock: Callable[[], float], on_start: Callable[[subprocess.Popen], None] | None = None,
+                 tag: str = "chaos"):
         """`command`: the `pcl train` command line without --run-dir / --resume; `clock()`: seconds of the chaos
-        run; `on_start(process)` is told of each new driver process."""
+        run; `on_start(process)` is told of each new driver process; `tag` starts the log's own lines."""
+        self.tag = tag
         self.command, self.run_dir, self.env, self.clock = command, run_dir, env, clock
         self.log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
         self.on_start = on_start
@@ -57,7 +59,7 @@ class Driver:
 
     def start(self, resume: bool = False) -> None:
         args = [*self.command, "--run-dir", str(self.run_dir)] + (["--resume"] if resume else [])
-        self._note(f"chaos: starting {' '.join(args[2:])}")
+        self._note(f"{self.tag}: starting {' '.join(args[2:])}")
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         env=self.env, start_new_session=True, bufsize=1)
         self.state, self.killed, self.control_url = "starting", False, None
@@ -114,7 +116,7 @@ class Driver:
             return False
         self.killed, self.state = True, "down"
         os.kill(pid, signal.SIGKILL)
-        self._note(f"chaos: SIGKILL of the driver (pid {pid})")
+        self._note(f"{self.tag}: SIGKILL of the driver (pid {pid})")
         return True
 
     def poll(self) -> int | None:
