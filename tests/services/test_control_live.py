@@ -46,16 +46,20 @@ class LiveRun:
         self.http = httpx.Client(base_url=self.url, timeout=60)
 
     def wait(self, predicate, timeout_s: float, what: str):
-        deadline = time.monotonic() + timeout_s
+        deadline, unreachable = time.monotonic() + timeout_s, None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None and what != "exit":
                 raise AssertionError(
                     f"pcl train exited ({self.proc.returncode}) waiting for {what}:\n{self.tail()}"
                 )
-            if value := predicate():
-                return value
+            try:
+                if value := predicate():
+                    return value
+            except httpx.TransportError as exc:  # a run that is ending closes its control plane first: its exit
+                unreachable = exc                 # and its log say why, on the next turn
             time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what}:\n{self.tail()}")
+        raise AssertionError(f"timed out waiting for {what} (control plane: {unreachable or 'reachable'}):\n"
+                             f"{self.tail()}")
 
     def status(self) -> dict:
         return self.http.get("/v1/status").json()
