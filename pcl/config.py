@@ -30,7 +30,8 @@ from pcl.config_schema import (
     ConfigError, Section, RunConfig, DataConfig, ModelConfig, OptimizerConfig, ValueModelConfig,
     UniformSelection, PCLSelection, PrefilterSelection, DynamicSamplingSelection, SpeedSelection,
     GresoSelection, ProbeSelection, RolloutConfig, VerifierConfig, LearnerConfig, RedisConfig, ControlConfig,
-    CheckpointConfig, EvaluationConfig, LoggingConfig, ClusterConfig, Config, Resources, TINY_SOURCES,
+    CheckpointConfig, EvaluationConfig, LoggingConfig, CurriculumConfig, ClusterConfig, Config, Resources,
+    TINY_SOURCES,
     Selection, OffPolicyConfig, LOGPROB_ENGINES,
 )
 from pcl.credentials import MASK, check_token, mask_url, redact
@@ -39,7 +40,8 @@ __all__ = [  # the schema's names (pcl.config_schema) and the loading's
     "ConfigError", "Section", "RunConfig", "DataConfig", "ModelConfig", "OptimizerConfig", "ValueModelConfig",
     "UniformSelection", "PCLSelection", "PrefilterSelection", "DynamicSamplingSelection", "SpeedSelection",
     "GresoSelection", "ProbeSelection", "RolloutConfig", "VerifierConfig", "LearnerConfig", "RedisConfig",
-    "ControlConfig", "CheckpointConfig", "EvaluationConfig", "LoggingConfig", "ClusterConfig", "Config",
+    "ControlConfig", "CheckpointConfig", "EvaluationConfig", "LoggingConfig", "CurriculumConfig", "ClusterConfig",
+    "Config",
     "Resources", "TINY_SOURCES", "Selection", "OffPolicyConfig", "LOGPROB_ENGINES", "parse_override", "validate_tree",
     "load_config", "dump_config", "redacted", "ENV_FALLBACKS", "apply_env_fallbacks",
 ]

@@ -327,6 +327,22 @@ class LoggingConfig(Section):
         return unique if "jsonl" in unique else ["jsonl", *unique]
 
 
+class CurriculumConfig(Section):
+    """What the step record says about the curriculum (`pcl.loop.curriculum_window`): V's calibration on its random
+    probe and on the trained prompts, the pool V scored, and the gain of the selection over uniform selection
+    (realised effective ratio minus the probe's), pooled over the last `window` steps; and when that gain stays
+    low, a warning naming what to change. Figures of runs whose strategy uses V (pcl)."""
+
+    window: int = Field(16, ge=1, description="Steps the calibration and gain figures pool (V's probe runs every "
+                        "value.ev_every steps: 16 steps hold 4 probes at the default).")
+    bins: int = Field(10, ge=2, le=100, description="Equal-width bins of V in [0, 1] for the reliability tables "
+                      "and the pool's histogram.")
+    min_gain: float | None = Field(0.05, ge=-1, le=1, description="The gain (effective ratio over uniform "
+                                   "selection's) below which the curriculum is not paying; null: never warn.")
+    patience: int = Field(20, ge=1, description="Steps in a row with the gain below min_gain before the warning: "
+                          "a log line, a control-plane event and curriculum_stalled_steps.")
+
+
 class ClusterConfig(Section):
     """The cluster `pcl plan` checks a run's GPU memory and disk against (nothing else reads it)."""
 
@@ -355,6 +371,7 @@ class Config(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
     logging: LoggingConfig = LoggingConfig()
+    curriculum: CurriculumConfig = CurriculumConfig()
     cluster: ClusterConfig = ClusterConfig()
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@
     step.py         one step, as the paper's algorithm reads (candidates, V, selection, generation, updates)
     run.py          the schedule: step-0 evaluation, steps, pauses, the time budget, evaluations, checkpoints
     state.py        what survives a restart (counters, RNG, the prefetched pool) and the run's two clocks
+    curriculum*.py  whether the curriculum pays: V's calibration and lag, the pool, the gain over uniform selection
     checkpoints.py  when checkpoints are written, what is in them, continuing from one; the best checkpoint
     evaluation.py   held-out accuracy and the benchmark suite during training
     reference.py    the initial policy's pass rates (the prefilter baseline)

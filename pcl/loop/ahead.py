@@ -119,7 +119,7 @@ class GenerationAhead:
 
 def _batch_dict(step: int, batch: StepBatch) -> dict[str, Any]:
     """What training on `batch` and its step record need: the prompts (by id), their samples, V's predictions
-    of them and of the probe, the probe's rates, the generation's counts."""
+    of them and of the probe (V's version, the pool's histogram, tau), the probe's rates, the generation's counts."""
     ids = batch.ids
     keep = set(ids) | set(batch.probe_ids)
     samples = [{"prompt_id": s.prompt_id, "sample_index": s.sample_index, "response_token_ids": list(s.response_token_ids),
@@ -129,7 +129,8 @@ def _batch_dict(step: int, batch: StepBatch) -> dict[str, Any]:
     return {"step": step, "version": batch.version, "ids": ids, "samples": samples,
             "values": {i: v for i, v in batch.values.items() if i in keep}, "probe_ids": batch.probe_ids,
             "probe_rates": batch.probe_rates, "probe_samples": batch.probe_samples,
-            "probe_seconds": batch.probe_seconds, "rounds": batch.ledger.rounds, "generated": batch.ledger.generated}
+            "probe_seconds": batch.probe_seconds, "rounds": batch.ledger.rounds, "generated": batch.ledger.generated,
+            "value_version": batch.value_version, "pool": batch.pool, "tau": batch.tau}
 
 
 def _batch_from(d: dict[str, Any], by_id: dict[str, PromptRecord]) -> tuple[int, StepBatch]:
@@ -150,4 +151,5 @@ def _batch_from(d: dict[str, Any], by_id: dict[str, PromptRecord]) -> tuple[int,
     batch.values = {str(k): float(v) for k, v in d["values"].items()}
     batch.probe_ids, batch.probe_rates = list(d["probe_ids"]), [float(r) for r in d["probe_rates"]]
     batch.probe_samples, batch.probe_seconds = int(d["probe_samples"]), float(d["probe_seconds"])
+    batch.value_version, batch.pool, batch.tau = d.get("value_version"), list(d.get("pool", [])), d.get("tau")
     return int(d["step"]), batch

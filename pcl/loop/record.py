@@ -116,6 +116,66 @@ class StepRecord:
     value_num_prompts: float | None = figure("Prompts of V's last step.")
     value_skipped: float | None = figure("1 when V's last step was skipped (non-finite gradient), else 0.")
     value_train_seconds: float | None = figure("Seconds of V's last step.")
+    # -- the curriculum (pcl.loop.curriculum_window): V's calibration, the pool, the gain over uniform selection --
+    value_version: int | None = figure("Policy version whose rollouts V had last trained on when it scored the last "
+                                       "step's candidates.", title="V's version")
+    value_lag: int | None = figure("Policy version that generated the last step's batch minus V's version (1: V one "
+                                   "step behind; more with pipelined selection or asynchronous steps).",
+                                   title="V's lag (versions)")
+    probe_brier: float | None = figure("Brier score of V on its random probe, last curriculum.window steps: mean "
+                                       "(V - p)^2 against the realised pass rates.", title="V's Brier score (probe)")
+    probe_calibration_error: float | None = figure(
+        "Expected calibration error of V on its random probe, last curriculum.window steps: |mean V - mean p| "
+        "over fixed bins of V, weighted by prompts.", title="V's calibration error (probe)")
+    probe_brier_by_lag: dict[str, float] | None = figure("V's Brier score on its probe, by V's lag.", label="lag",
+                                                         title="V's Brier score by lag (probe)")
+    probe_calibration_error_by_lag: dict[str, float] | None = figure(
+        "V's calibration error on its probe, by V's lag.", label="lag", title="V's calibration error by lag (probe)")
+    probe_reliability_predicted: dict[str, float] | None = figure(
+        "Reliability table of V's probe: mean V by bin of V.", label="bin", title="reliability: mean V (probe)")
+    probe_reliability_realized: dict[str, float] | None = figure(
+        "Reliability table of V's probe: mean realised pass rate by bin of V.", label="bin",
+        title="reliability: realised pass rate (probe)")
+    probe_reliability_count: dict[str, int] | None = figure(
+        "Reliability table of V's probe: prompts by bin of V.", label="bin", title="reliability: prompts (probe)")
+    trained_brier: float | None = figure("Brier score of V on the trained prompts, last curriculum.window steps.",
+                                         title="V's Brier score (trained)")
+    trained_calibration_error: float | None = figure(
+        "Expected calibration error of V on the trained prompts, last curriculum.window steps.",
+        title="V's calibration error (trained)")
+    trained_brier_by_lag: dict[str, float] | None = figure("V's Brier score on the trained prompts, by V's lag.",
+                                                           label="lag", title="V's Brier score by lag (trained)")
+    trained_calibration_error_by_lag: dict[str, float] | None = figure(
+        "V's calibration error on the trained prompts, by V's lag.", label="lag",
+        title="V's calibration error by lag (trained)")
+    trained_reliability_predicted: dict[str, float] | None = figure(
+        "Reliability table of the trained prompts: mean V by bin of V.", label="bin",
+        title="reliability: mean V (trained)")
+    trained_reliability_realized: dict[str, float] | None = figure(
+        "Reliability table of the trained prompts: mean realised pass rate by bin of V.", label="bin",
+        title="reliability: realised pass rate (trained)")
+    trained_reliability_count: dict[str, int] | None = figure(
+        "Reliability table of the trained prompts: prompts by bin of V.", label="bin",
+        title="reliability: prompts (trained)")
+    pool_histogram: dict[str, int] | None = figure("Candidates V scored in the last step, by bin of V (the k*m "
+                                                   "pool).", label="bin", title="pool: candidates by V")
+    selected_band_width: float | None = figure("Largest |V - tau| among the last step's selected prompts (PCL "
+                                               "took every candidate within it).", title="selected band (max |V - tau|)")
+    expected_effective_ratio: float | None = figure("Effective ratio V expected of the last step's selected prompts: "
+                                                    "mean of 1 - V^n - (1 - V)^n.", title="effective ratio V expected")
+    uniform_effective_ratio: float | None = figure(
+        "Effective ratio realised on V's random probes of the last curriculum.window steps: what uniform "
+        "selection would have trained on.", title="effective ratio of uniform selection (probe)")
+    curriculum_gain: float | None = figure(
+        "Mean effective ratio of the last curriculum.window steps' batches minus the uniform counterfactual "
+        "(uniform_effective_ratio): what the selection buys.", title="curriculum gain over uniform")
+    expectation_gap: float | None = figure("Effective ratio V expected of its selections minus the realised, last "
+                                           "curriculum.window steps.", title="expected minus realised effective ratio")
+    curriculum_stalled_steps: int | None = figure(
+        "Steps in a row the curriculum has been stalled (its gain below curriculum.min_gain for "
+        "curriculum.patience steps or more); 0 while it pays.", title="curriculum stalled (steps in a row)")
+    curriculum_stalled_steps_total: int | None = figure("Steps the curriculum spent stalled, since the start of the "
+                                                        "run.", "counter")
     rollout_samples_by_worker: dict[str, int] | None = figure(
         "Samples each rollout worker generated for the last step (its rounds and V's probe).", label="worker",
         title="samples by rollout worker")

@@ -28,6 +28,7 @@ import numpy as np
 
 from pcl.data.prompts import PromptRecord
 from pcl.engines.request import RolloutRequest, SamplingParams
+from pcl.loop.curriculum import pool_histogram
 from pcl.samples import Sample
 
 ESTIMATE_BASE = 1 << 20  # first sample index of a prompt's estimation rollouts (never trained on)
@@ -101,7 +102,19 @@ class StepBatch:
     probe_samples: int = 0  # samples generated only for the probe (its prompts the strategy did not choose)
     probe_seconds: float = 0.0  # their share of the generation call's seconds (by sample count)
     version: int = 0  # the policy version that generated it
+    value_version: int | None = None  # the policy version whose rollouts V had last trained on when it scored them
+    pool: list[int] = field(default_factory=list)  # V's scored candidates by bin (curriculum.bins), all rounds
+    tau: float | None = None  # the strategy's target pass rate when it selected (a strategy that has one)
 
     @property
     def ids(self) -> list[str]:
         return [p.id for p in self.prompts]
+
+    def add_scores(self, candidates: Sequence[PromptRecord], values: np.ndarray, value_version: int | None,
+                   bins: int, tau: float | None) -> None:
+        """V's predictions of a round's candidates: by prompt, their histogram over `bins` (the pool), the version
+        of V that made them, and the strategy's tau when it selected."""
+        self.values.update({c.id: float(v) for c, v in zip(candidates, values)})
+        counts = pool_histogram(values, bins)
+        self.pool = [a + b for a, b in zip(self.pool, counts)] if self.pool else counts
+        self.value_version, self.tau = value_version, tau

@@ -6,9 +6,10 @@ schedule, on request and at the end.
     run.restore(checkpoint)       # optional: continue where a checkpoint left off
     summary = run.run()           # {"steps", "steps_this_run", "seconds", "train_seconds", "checkpoint"}
 
-Each step's record goes to `RUN_DIR/metrics.jsonl` (the prompts it trained on to `selections.jsonl`) and to the
-control plane, with the run's two clocks (`pcl.loop.state.RunClock`): `elapsed_seconds` (wall clock, pauses
-excluded) and `train_elapsed_seconds` (evaluations and checkpoint writes excluded too).
+Each step's record goes to `RUN_DIR/metrics.jsonl` (the prompts it trained on to `selections.jsonl`, V's reliability
+tables over the last steps to `calibration.json`) and to the control plane, with the run's two clocks
+(`pcl.loop.state.RunClock`): `elapsed_seconds` (wall clock, pauses excluded) and `train_elapsed_seconds`
+(evaluations and checkpoint writes excluded too).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class TrainingRun:
 
     def __init__(self, cfg: Config, run_dir: str, loop: StepLoop, evaluation: Evaluation, control: Control,
                  state_bytes: int = 0, keep_files: tuple[str, ...] = ()):
-        self.cfg, self.loop, self.evaluation, self.control = cfg, loop, evaluation, control
+        self.cfg, self.loop, self.evaluation, self.control, self.run_dir = cfg, loop, evaluation, control, run_dir
         self.clock = RunClock(loop.clock)
         self.checkpoints = Checkpoints(cfg, run_dir, loop, self.clock, control, state_bytes, keep_files)
         self.log = MetricsLog(run_dir)
@@ -67,6 +68,7 @@ class TrainingRun:
             self.log.append(record.to_dict())
             self.selections.append({"step": step + 1, "ids": loop.last_ids, "samples": loop.last_indices,
                                     "versions": loop.last_versions})
+            loop.state.curriculum.write_tables(self.run_dir)  # V's reliability tables over the last steps
             self.control.publish(record, loop.policy_version)
             loop.state.skipped.check(cfg.learner.max_skipped_steps)  # after the record: the last skip is logged too
             loop.state.step = step + 1

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from pcl.data.prompts import PromptRecord
+from pcl.loop.curriculum_window import CurriculumWindow
 from pcl.loop.ports import Clock, Pending, Ready
 from pcl.loop.skipped import SkippedPolicySteps
 
@@ -36,6 +37,9 @@ class LoopState:
     skipped: SkippedPolicySteps = field(default_factory=SkippedPolicySteps)  # policy steps the learner skipped
     probes: list[tuple[np.ndarray, np.ndarray]] = field(default_factory=list)  # (V, p) of recent probes
     prefetched: tuple[list[PromptRecord], Pending] | None = None  # next step's candidates, V's scores
+    prefetched_value_version: int | None = None  # V's version when it scored them
+    value_version: int | None = None  # the policy version whose rollouts V last trained on (None: not yet)
+    curriculum: CurriculumWindow = field(default_factory=CurriculumWindow)  # the curriculum's figures, pooled
     rng: np.random.Generator = field(init=False)  # draws V's explained-variance probe
 
     def __post_init__(self) -> None:
@@ -48,7 +52,8 @@ class LoopState:
         prefetched = None
         if self.prefetched is not None:
             candidates, values = self.prefetched
-            prefetched = {"ids": [c.id for c in candidates], "values": np.asarray(values.result()).tolist()}
+            prefetched = {"ids": [c.id for c in candidates], "values": np.asarray(values.result()).tolist(),
+                          "value_version": self.prefetched_value_version}
         return {
             "step": self.step,
             "policy_version": self.policy_version,
@@ -56,6 +61,8 @@ class LoopState:
             "probes": [[v.tolist(), p.tolist()] for v, p in self.probes],
             "prefetched": prefetched,
             "prefetch_hits": self.prefetch_hits,
+            "value_version": self.value_version,
+            "curriculum": self.curriculum.state_dict(),
             **self.skipped.state_dict(),
         }
 
@@ -72,7 +79,10 @@ class LoopState:
                 raise ValueError(f"the state's prefetched candidates {missing[:3]} are not in the training set")
             candidates = [by_id[i] for i in state["prefetched"]["ids"]]
             self.prefetched = (candidates, Ready(np.asarray(state["prefetched"]["values"])))
+            self.prefetched_value_version = state["prefetched"].get("value_version")
         self.prefetch_hits = int(state["prefetch_hits"])
+        self.value_version = state.get("value_version")  # absent from checkpoints written before it was kept
+        self.curriculum.load_state_dict(state.get("curriculum"))
         self.skipped.load_state_dict(state)
 
 

@@ -43,6 +43,7 @@ from pcl.loop.resume import resume_strategy
 from pcl.rl import IMPORTANCE_RATIO_KEYS, effective_ratio, explained_variance
 from pcl.loop.record import StepRecord, check_keys
 from pcl.loop.rounds import RoundLedger, StepBatch
+from pcl.loop.curriculum_window import CurriculumWindow
 from pcl.strategies.base import Request, Rollout, StepStrategy
 
 
@@ -72,7 +73,7 @@ class StepLoop:
         self.prompts, self.scorer, self.rollouts, self.learner = prompts, scorer, rollouts, learner
         self.clock = clock or SystemClock()
         self.sampling = SamplingParams.from_rollout_config(cfg.rollout, n=cfg.run.n)  # every round's; n per rollout
-        self.state = LoopState(cfg.run.seed)
+        self.state = LoopState(cfg.run.seed, curriculum=CurriculumWindow.from_config(cfg.curriculum, cfg.run.n))
         self.reference: dict[str, float] | None = None  # initial policy's pass rate by prompt id (when known)
         self.last_ids: list[str] = []  # the prompts the last step trained on
         self.last_indices: list[list[int]] = []  # the sample indices of each of them (selections.jsonl)
@@ -122,6 +123,8 @@ class StepLoop:
             batch_unique_samples=len({(x.prompt_id, x.sample_index) for x in samples}))
         record.update({**timer, **value_stats, **self.strategy.metrics(), **self.rollouts.counters(), **waits})
         record.batch_staleness = self.policy_version - 1 - batch.version  # 0 in synchronous steps
+        record.update(self.state.curriculum.add(step + 1, batch, groups.pass_rates, record.effective_ratio,
+                                                k=getattr(self.strategy, "k", None)))  # V's calibration, the gain
         gaps = ("logprob_gap_mean", "logprob_gap_max")  # the learner's, where the engine reported log-probs
         record.update({f"rollout_{key}": learn[key] for key in gaps if key in learn})
         record.update({key: learn[key] for key in IMPORTANCE_RATIO_KEYS if key in learn})  # with a correction
@@ -152,10 +155,11 @@ class StepLoop:
         prompts when it is due."""
         strategy = self.strategy
         with timer("selection_seconds"):
-            candidates, values = self.candidates(strategy.next_request())  # 1-2. candidates, V(x)
+            candidates, values, value_version = self.candidates(strategy.next_request())  # 1-2. candidates, V(x)
             rollouts = strategy.propose(candidates, values)  # 3. e.g. the m closest to tau
             if values is not None:  # V's predictions of this round's candidates, for the record
-                batch.values.update({c.id: float(v) for c, v in zip(candidates, values)})
+                batch.add_scores(candidates, values, value_version, self.cfg.curriculum.bins,
+                                 getattr(strategy, "tau", None))
             probe = self.choose_probe(candidates, values, rollouts, batch) if self.probe_due(step) else []
             if strategy.needs.prefetch:
                 self.prefetch_candidates()  # the next step's, scored while this one generates
@@ -185,25 +189,28 @@ class StepLoop:
 
     # -- the pieces ------------------------------------------------------------------------------------------
 
-    def candidates(self, request: Request) -> tuple[list[PromptRecord], np.ndarray | None]:
-        """A round's fresh candidates and, when asked, V's predicted pass rates (prompt only): the ones drawn and
-        scored during the previous step when they fit the request (pipelined selection), else drawn now."""
+    def candidates(self, request: Request) -> tuple[list[PromptRecord], np.ndarray | None, int | None]:
+        """A round's fresh candidates and, when asked, V's predicted pass rates (prompt only) with V's version when
+        it scored them: the ones drawn and scored during the previous step when they fit the request (pipelined
+        selection), else drawn now."""
         prefetched, self.state.prefetched = self.state.prefetched, None
         if prefetched is not None and request.score and len(prefetched[0]) == request.draw:
             self.state.prefetch_hits += 1
-            return prefetched[0], np.asarray(prefetched[1].result())
+            return prefetched[0], np.asarray(prefetched[1].result()), self.state.prefetched_value_version
         if request.draw == 0:
-            return [], None
+            return [], None, None
         candidates = self.prompts.sample(request.draw)
         if not request.score:
-            return candidates, None
-        return candidates, np.asarray(self._scorer().score([c.prompt_token_ids for c in candidates]).result())
+            return candidates, None, None
+        values = np.asarray(self._scorer().score([c.prompt_token_ids for c in candidates]).result())
+        return candidates, values, self.state.value_version
 
     def prefetch_candidates(self) -> None:
         """Draw the next step's candidates now and have V score them while this step generates. V then scores
         them before it trains on this step's results: one update staler than without pipelining."""
         candidates = self.prompts.sample(self.strategy.needs.prefetch)
         self.state.prefetched = (candidates, self._scorer().score([c.prompt_token_ids for c in candidates]))
+        self.state.prefetched_value_version = self.state.value_version
 
     def train_policy_and_value(self, batch: StepBatch, groups: Groups,
                                timer: StepTimer) -> tuple[list[dict], dict, dict]:
@@ -211,19 +218,22 @@ class StepLoop:
         rates, beside the policy's (`value.train_beside_policy`, the default) or after it. Returns the policy's
         training sequences, the learner's figures and V's."""
         beside = self.cfg.value.train_beside_policy
-        value_step = self.train_value(batch.prompts, groups.pass_rates) if beside else None  # 8. beside 7
+        value_step = self.train_value(batch, groups.pass_rates) if beside else None  # 8. beside 7
         sequences = training_sequences(groups, self.cfg.learner.off_policy.correction)  # 6.
         with timer("policy_train_seconds"):  # 7.
             learn = self.learner.train(sequences, global_count=self.cfg.run.m * self.cfg.run.n)
         if not beside:
-            value_step = self.train_value(batch.prompts, groups.pass_rates)  # 8. after 7
+            value_step = self.train_value(batch, groups.pass_rates)  # 8. after 7
         return sequences, learn, value_step.result() if value_step is not None else {}
 
-    def train_value(self, selected: list[PromptRecord], pass_rates: np.ndarray):
-        """Start V's step on the selected prompts (step 8); it runs in V's own actor while the caller goes on."""
+    def train_value(self, batch: StepBatch, pass_rates: np.ndarray):
+        """Start V's step on the batch's prompts (step 8); it runs in V's own actor while the caller goes on, and
+        scores what it is asked to score next after it (V's version: the batch's policy version from then on)."""
         if not self.strategy.needs.values:
             return None
-        return self._scorer().train([p.prompt_token_ids for p in selected], pass_rates.tolist())
+        step = self._scorer().train([p.prompt_token_ids for p in batch.prompts], pass_rates.tolist())
+        self.state.value_version = batch.version
+        return step
 
     def sync_weights(self, version: int) -> None:
         """The rollout fleet serves `version` from here on."""
