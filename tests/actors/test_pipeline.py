@@ -39,6 +39,14 @@ def test_pcl_trains_end_to_end_and_records_every_step(untrained_tiny, ray_sessio
     assert all(r["probe_samples"] % 4 == 0 and r["samples_generated"] == 8 * 4 for r in steps)
     assert "eval_accuracy" in steps[1] and "eval_accuracy" in steps[2]  # every 2 steps and at the end
     assert 0.0 <= steps[0]["selected_value_mean"] <= 1.0
+    # whether the curriculum pays: V one version behind once trained, k*m candidates in the pool, the probe's
+    # figures from step 1 on (value.ev_every 4), the reliability tables in the run directory
+    assert [r.get("value_lag") for r in steps] == [None, 1, 1]
+    assert all(sum(r["pool_histogram"].values()) == 2 * 8 for r in steps)
+    assert sum(steps[-1]["probe_reliability_count"].values()) == 4 and 0 <= steps[-1]["probe_brier"] <= 1
+    assert steps[-1]["curriculum_gain"] == pytest.approx(
+        sum(r["effective_ratio"] for r in steps) / 3 - steps[-1]["uniform_effective_ratio"])
+    assert json.loads((tmp_path / "run" / "calibration.json").read_text())["steps"] == [1, 2, 3]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 3
     out = capsys.readouterr().out
