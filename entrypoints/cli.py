@@ -14,7 +14,7 @@
     pcl export RUN_DIR|CHECKPOINT|MODEL_DIR --out DIR       the policy in Hugging Face format
     pcl chaos CONFIG --seed S --faults N [--window S | --step-seconds S] [--out DIR] [--reference] [key=value ...]
                                                            a run under a seeded fault schedule; its invariants
-    pcl soak CONFIG [--minutes M] [--sample-seconds S] [--warmup S] [--out DIR] [key=value ...]
+    pcl soak CONFIG [--minutes M] [--sample-seconds S] [--warmup S] [--out DIR] [--report-only] [key=value ...]
                                                            a long run sampled from outside: what grows, leaks or fills up
     pcl plan CONFIG [MORE.yaml ...] [--nodes N] [--gpus-per-node G] [--gpu-memory GB] [--headroom F] [--disk GB]
              [key=value ...]                               GPU memory per GPU of each role and the run's disk; exit 1
@@ -195,8 +195,10 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
 
 
 def _cmd_soak(args: argparse.Namespace) -> int:
-    from entrypoints.soak import run_soak
+    from entrypoints.soak import report_again, run_soak
 
+    if args.report_only:
+        return report_again(args.config, args.overrides, args.out, args.warmup)
     return run_soak(args.config, args.overrides, minutes=args.minutes, out=args.out, sample_s=args.sample_seconds,
                     warmup_s=args.warmup)
 
@@ -332,6 +334,7 @@ def _add_run_commands(sub) -> None:
     p.add_argument("--warmup", type=float, metavar="SECONDS", help="seconds of training left out of the slopes "
                    "(default: the larger of 300 s and a third of the run, and past the first checkpoint)")
     p.add_argument("--out", help="output directory (default runs/soak-<run.name>-<time>)")
+    p.add_argument("--report-only", action="store_true", help="build the report again from the samples in --out")
     p.set_defaults(func=_cmd_soak)
 
     p = sub.add_parser("summary", help="headline figures of finished or running runs, side by side")

@@ -9,7 +9,8 @@ run.train_budget_s = the minutes, so it stops cleanly by itself; `traffic.py` po
 `sampler.py` samples every process of the run, its Redis, its files and its Ray session; the samples go, line by
 line, to OUT/samples.jsonl. The report (`pcl.tools.soak_report`: slopes, intervals, projections, verdicts) is
 printed and written to OUT/soak_report.txt and .json, the plots (`plots.py`) to OUT/soak.png. Output in OUT
-(default runs/soak-<run.name>-<time>): run/ (the run directory), run-driver.log, samples.jsonl, the report.
+(default runs/soak-<run.name>-<time>): run/ (the run directory), run-driver.log, samples.jsonl, soak_run.json,
+the report. `pcl soak CONFIG --report-only --out OUT` builds the report again from what OUT holds.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 from pcl.config import Config, ConfigError, ENV_FALLBACKS, load_config
 
 SAMPLE_S = 15.0  # seconds between two samples
+RUN_FILE = "soak_run.json"  # how the run ended, the control traffic's answers, processes left
 START_ALLOWANCE_S = 900.0  # the run's start (Ray, the actors, the first evaluation) and its end, beyond the minutes
 
 
@@ -132,6 +134,30 @@ def read_samples(path: Path) -> list[dict]:
 
 def report(cfg: Config, root: Path, code: int | None, driver, traffic, leftovers, minutes: float,
            warmup_s: float | None) -> int:
+    """Record how the run went (OUT/soak_run.json), then build, print and write the report; 0 when it passed."""
+    ended = ("finished" if code == 0 else f"pcl train exited with status {code}" if code is not None
+             else "did not end in time: stopped")
+    run = {"ended": ended, "minutes": minutes, "traffic": traffic.summary(), "driver_tail": list(driver.tail),
+           "leftover_processes": [f"{pid} {title[:80]}" for pid, title in leftovers]}
+    (root / RUN_FILE).write_text(json.dumps(run, indent=2) + "\n")
+    return write_report(cfg, root, run, warmup_s)
+
+
+def report_again(config: str, overrides: list[str], out: str | None, warmup_s: float | None) -> int:
+    """`pcl soak CONFIG --report-only --out OUT`: the report of a soak already run, from OUT/samples.jsonl and
+    OUT/soak_run.json (another warm-up, a report after an interruption)."""
+    if not out:
+        raise ConfigError("pcl soak --report-only needs --out: the soak's output directory")
+    root = Path(out)
+    if not (root / "samples.jsonl").is_file():
+        raise ConfigError(f"{root / 'samples.jsonl'}: no samples there (pcl soak --report-only --out OUT)")
+    files = [config] + [a for a in overrides if "=" not in a]
+    cfg = load_config(files, [a for a in overrides if "=" in a])
+    run = json.loads((root / RUN_FILE).read_text()) if (root / RUN_FILE).is_file() else {"ended": "unknown"}
+    return write_report(cfg, root, run, warmup_s)
+
+
+def write_report(cfg: Config, root: Path, run: dict, warmup_s: float | None) -> int:
     """Build, print and write the report (text, JSON, PNG); 0 when it passed."""
     from entrypoints.soak.plots import plot_samples
     from entrypoints.soak.bounds import facts_of
@@ -139,10 +165,6 @@ def report(cfg: Config, root: Path, code: int | None, driver, traffic, leftovers
     from pcl.tools.soak_text import format_report
 
     samples = read_samples(root / "samples.jsonl")
-    ended = ("finished" if code == 0 else f"pcl train exited with status {code}" if code is not None
-             else "did not end in time: stopped")
-    run = {"ended": ended, "minutes": minutes, "traffic": traffic.summary(), "driver_tail": list(driver.tail),
-           "leftover_processes": [f"{pid} {title[:80]}" for pid, title in leftovers]}
     result = build_report(samples, facts_of(cfg), run, warmup_s=warmup_s)
     text = format_report(result)
     print(text, flush=True)

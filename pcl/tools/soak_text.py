@@ -88,9 +88,8 @@ def _redis(report: dict) -> list[str]:
             text += f"; reached in {hours:.1f} more hours at this pace, never in a {PRESET_STEPS}-step preset run"
     lines.append(text + f": {history.get('verdict', 'stated')}")
     for name, row in redis.get("streams", {}).items():
-        cap = f", cap {row['cap']:,}" if "cap" in row else ""
         lines.append(f"  stream {name}: length max {row['max']:.0f} (early {row['early_max']:.0f}, late "
-                     f"{row['late_max']:.0f}){cap}: {row['verdict']}")
+                     f"{row['late_max']:.0f}), bound {row['cap']:,}: {row['verdict']}")
     return lines
 
 

@@ -138,8 +138,11 @@ def test_a_file_that_climbs_is_not_bounded_and_the_history_cap_is_reported():
     samples = _samples(hours=8.0, every_s=120.0)
     for s in samples:
         s["files"]["ray.log"] = int(1 * MB + 3 * MB * s["t"] / 3600)
+        s["redis"]["streams"]["rollout_results"] = int(s["t"] / 10)  # never trimmed: past 2 steps of m x n
     report = build_report(samples, FACTS, {"ended": "finished"})
     assert report["files"]["ray.log"]["verdict"] == "grows" and not report["passed"]
+    assert report["redis"]["streams"]["rollout_results"]["verdict"] == "over bound"
+    assert report["redis"]["streams"]["rollout_results"]["cap"] == 2 * 64 * 8
     history = report["redis"]["history"]
     assert history["cap_reached_at"]["step"] == pytest.approx(50_000, abs=300)
     assert history["after_cap"]["verdict"] == "bounded"
