@@ -11,8 +11,9 @@ placement --local would map), run.train_budget_s=BUDGET and held-out accuracy at
 spent. Threads: rollout.threads=THREADS in both arms; --local runs every part with it, the fleet's engine runs with
 it and its learner and V ranks with one thread each (their fixed setting). Per run: steps per second of training
 (steps / train_elapsed_seconds: evaluations and checkpoint writes excluded, both arms), the held-out gain in points,
-the wall time from start to summary, and the mean step's split (selection, generation, train, weight sync, and the
-rest of the step: the loop's own work and, on Ray, its actor calls and Redis round trips outside those phases).
+the wall time from start to summary, and the mean step's split (selection, generation, V's probe, train, weight
+sync, and the rest of the step: the loop's own work and, on Ray, its actor calls and Redis round trips outside
+those phases). In one process V's step runs after the policy's; on Ray it runs beside it, in its own process.
 Printed: per seed, then the means ± sd, the ratio --local / Ray of steps per second (the last line), and of each part
 of the step: where the service's time goes. The arms alternate in order from seed to seed.
 """
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from bench import add_json_option, run, write_figures
 
-PARTS = ("selection_seconds", "generation_seconds", "train_seconds", "weight_sync_seconds")
+PARTS = ("selection_seconds", "generation_seconds", "probe_seconds", "train_seconds", "weight_sync_seconds")
 QUICK = ["data.eval_size=64"]
 
 
