@@ -26,11 +26,12 @@ def _tiny(model) -> object:
                                              "data.tiny_size=256"])
 
 
-def _rehearse(preset: str, model, tmp_path, overrides=()) -> tuple[int, str, float]:
+def _rehearse(preset: str, model, tmp_path, overrides=(), local: bool = False) -> tuple[int, str, float]:
     from entrypoints.rehearse import rehearse
 
     out, started = io.StringIO(), time.perf_counter()
-    code = rehearse(load_config(preset, list(overrides)), tiny=_tiny(model), run_dir=str(tmp_path), out=out)
+    code = rehearse(load_config(preset, list(overrides)), tiny=_tiny(model), run_dir=str(tmp_path), out=out,
+                    local=local)
     return code, out.getvalue(), time.perf_counter() - started
 
 
@@ -40,6 +41,18 @@ def test_the_smallest_presets_layout_rehearses_on_cpu(untrained_tiny, ray_sessio
     assert "model.path: 'Qwen/Qwen3-1.7B-Base' -> " in out and "learner.backend: 'nccl' -> 'gloo'" in out
     assert out.rstrip().splitlines()[-1].startswith("pcl rehearse: PASS")
     print(f"rehearsal of {SMALLEST}: {seconds:.0f}s")
+
+
+@pytest.mark.slow  # a vLLM CPU engine's start and 2 steps; the default suite runs --local on the HF engine
+def test_the_smallest_presets_layout_rehearses_in_one_process(untrained_tiny, tmp_path, capsys):
+    """`--rehearse --local`: the preset's layout mapped to one process (its vLLM engine in process, its weights
+    copied in from the learner at world size 1)."""
+    code, out, seconds = _rehearse(SMALLEST, untrained_tiny, tmp_path, local=True)
+    assert code == 0, out
+    assert out.rstrip().splitlines()[-1].startswith("pcl rehearse: PASS")
+    assert ("mapped to one: learner.num_ranks 3 -> 1, rollout.num_workers 4 -> 1, verifier.num_workers 2 -> 1"
+            in capsys.readouterr().out)
+    print(f"rehearsal of {SMALLEST} in one process: {seconds:.0f}s")
 
 
 def test_a_preset_its_cluster_cannot_hold_fails_the_rehearsal(untrained_tiny, tmp_path):
