@@ -39,11 +39,11 @@ def quiet_libraries() -> None:
 # - task events the GCS keeps for the state API and the dashboard (Ray's default: 100,000 tasks, about as many as
 #   a few thousand steps of the tiny run make; the GCS server's memory grows with them until then);
 # - every log file rotated at RAY_ROTATION_MAX_BYTES, RAY_ROTATION_BACKUP_COUNT old files kept (Ray's defaults,
-#   512 MB and 5, allow 3 GB per file; a worker's .out/.err rotate only when RAY_ROTATION_MAX_BYTES is set);
-# - no event-loop statistics printed every minute by every Ray process (most of what its logs grow by: about 8 MB
-#   an hour in a soak of the tiny run; they stay readable in each process's debug_state*.txt).
+#   512 MB and 5, allow 3 GB per file; a worker's .out/.err rotate only when RAY_ROTATION_MAX_BYTES is set).
+# Not RAY_event_stats_print_interval_ms=-1, which Ray documents as "off": on Ray 2.60 the GCS server then writes
+# its state dump without pause (64 MB of gcs_server.out a few minutes, most of a core).
 RAY_LIMITS = {"RAY_task_events_max_num_task_in_gcs": "10000", "RAY_ROTATION_MAX_BYTES": str(64 << 20),
-              "RAY_ROTATION_BACKUP_COUNT": "2", "RAY_event_stats_print_interval_ms": "-1"}
+              "RAY_ROTATION_BACKUP_COUNT": "2"}
 
 
 def start_ray() -> bool:

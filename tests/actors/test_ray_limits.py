@@ -1,6 +1,6 @@
 """Ray's own growth over a long run is bounded where `start_ray()` starts a local Ray (actors/runtime.py,
-RAY_LIMITS): the GCS keeps a bounded number of task events, every log file, a worker's .out/.err included,
-rotates at a bounded size, and no process prints its event-loop statistics every minute. Read from the processes this test's Ray started: the GCS server's environment, and an
+RAY_LIMITS): the GCS keeps a bounded number of task events, and every log file, a worker's .out/.err included,
+rotates at a bounded size. Read from the processes this test's Ray started: the GCS server's environment, and an
 actor's."""
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ def test_a_local_ray_starts_with_its_growth_bounded(ray_session):
     assert int(RAY_LIMITS["RAY_task_events_max_num_task_in_gcs"]) <= 20_000
     assert int(RAY_LIMITS["RAY_ROTATION_MAX_BYTES"]) * (int(RAY_LIMITS["RAY_ROTATION_BACKUP_COUNT"]) + 1) <= 256 << 20
     gcs = _own_ray_process("gcs_server").environ()
-    for key in ("RAY_task_events_max_num_task_in_gcs", "RAY_ROTATION_MAX_BYTES", "RAY_ROTATION_BACKUP_COUNT",
-                "RAY_event_stats_print_interval_ms"):
+    for key in ("RAY_task_events_max_num_task_in_gcs", "RAY_ROTATION_MAX_BYTES", "RAY_ROTATION_BACKUP_COUNT"):
         assert gcs.get(key) == os.environ.get(key, RAY_LIMITS[key]), key
 
     @ray.remote(num_cpus=0)
