@@ -340,7 +340,7 @@ class CurriculumConfig(Section):
     min_gain: float | None = Field(0.05, ge=-1, le=1, description="The gain (effective ratio over uniform "
                                    "selection's) below which the curriculum is not paying; null: never warn.")
     patience: int = Field(20, ge=1, description="Steps in a row with the gain below min_gain before the warning: "
-                          "a log line, a control-plane event and curriculum_stalled_steps.")
+                          "a log line, a control-plane event and curriculum_stalled.")
 
 
 class ClusterConfig(Section):

@@ -107,7 +107,7 @@ class CurriculumWindow:
         }
         figures.update(self.calibration())
         figures.update(self.gain())
-        if figures["curriculum_stalled_steps"] == 1:
+        if figures["curriculum_stalled"] == 1:
             log.warning("step %d: %s", step, self.stall_message(figures["curriculum_gain"], batch.tau, k))
         return figures
 
@@ -142,7 +142,7 @@ class CurriculumWindow:
         stalled = self.observe_gain(gain)
         return {"uniform_effective_ratio": uniform, "curriculum_gain": gain,
                 "expectation_gap": statistics.fmean(e - r for e, r in expected) if expected else None,
-                "curriculum_stalled_steps": stalled, "curriculum_stalled_steps_total": self.stalled_total}
+                "curriculum_stalled": stalled, "curriculum_stalled_steps_total": self.stalled_total}
 
     def observe_gain(self, gain: float | None) -> int:
         """Count a step's gain against min_gain; returns the steps in a row spent stalled so far (0: paying). A step

@@ -171,7 +171,7 @@ class StepRecord:
         "(uniform_effective_ratio): what the selection buys.", title="curriculum gain over uniform")
     expectation_gap: float | None = figure("Effective ratio V expected of its selections minus the realised, last "
                                            "curriculum.window steps.", title="expected minus realised effective ratio")
-    curriculum_stalled_steps: int | None = figure(
+    curriculum_stalled: int | None = figure(
         "Steps in a row the curriculum has been stalled (its gain below curriculum.min_gain for "
         "curriculum.patience steps or more); 0 while it pays.", title="curriculum stalled (steps in a row)")
     curriculum_stalled_steps_total: int | None = figure("Steps the curriculum spent stalled, since the start of the "

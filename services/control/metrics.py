@@ -50,7 +50,12 @@ CONTROL_METRICS: dict[str, tuple[str, str]] = {
 # The step figures deploy/grafana/pcl-dashboard.json draws (tests/services/test_monitoring.py: a panel each).
 DASHBOARD_FIGURES = ("effective_ratio", "train_reward_mean", "selected_value_mean", "value_explained_variance",
                      "samples_total", "generated_tokens_total", "verifier_timeouts_total", "verifier_errors_total",
-                     "generation_seconds", "selection_seconds", "step_seconds", "weight_sync_seconds")
+                     "generation_seconds", "selection_seconds", "step_seconds", "weight_sync_seconds",
+                     # whether the curriculum pays (pcl/loop/curriculum_window.py)
+                     "uniform_effective_ratio", "expected_effective_ratio", "curriculum_gain", "expectation_gap",
+                     "probe_calibration_error", "trained_calibration_error", "probe_brier", "trained_brier",
+                     "probe_reliability_predicted", "probe_reliability_realized", "pool_histogram",
+                     "selected_band_width", "curriculum_stalled", "curriculum_stalled_steps_total")
 check_keys(DASHBOARD_FIGURES, "services.control.metrics.DASHBOARD_FIGURES")
 
 

@@ -18,8 +18,24 @@ TOKEN = "s3cret-test-token-0123456789abcdef"  # 32+ characters, as the control p
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
+# A PCL step's curriculum figures (pcl/loop/curriculum_window.py): V's reliability over two bins of V on the probe and
+# one on the trained prompts, the pool of 8 candidates, the band tau +- 0.15, the gain over uniform selection.
+CURRICULUM = {
+    "value_version": 1, "value_lag": 1, "probe_brier": 0.04, "probe_calibration_error": 0.1,
+    "trained_brier": 0.06, "trained_calibration_error": 0.2,
+    "probe_reliability_predicted": {"0.1-0.2": 0.15, "0.5-0.6": 0.55},
+    "probe_reliability_realized": {"0.1-0.2": 0.25, "0.5-0.6": 0.45},
+    "probe_reliability_count": {"0.1-0.2": 3, "0.5-0.6": 1},
+    "trained_reliability_predicted": {"0.4-0.5": 0.45}, "trained_reliability_realized": {"0.4-0.5": 0.25},
+    "trained_reliability_count": {"0.4-0.5": 4},
+    "pool_histogram": {"0-0.1": 2, "0.1-0.2": 3, "0.4-0.5": 2, "0.5-0.6": 1},
+    "selected_band_width": 0.15, "expected_effective_ratio": 0.9, "uniform_effective_ratio": 0.3,
+    "curriculum_gain": 0.2, "expectation_gap": 0.4, "curriculum_stalled": 0, "curriculum_stalled_steps_total": 0,
+}
+
+
 def step_record(step: int, **extra) -> dict:
-    """A training step's metrics record as the coordinator logs it."""
+    """A training step's metrics record as the coordinator logs it (a PCL step's)."""
     return {
         "step": step,
         "effective_ratio": 0.5,
@@ -36,6 +52,7 @@ def step_record(step: int, **extra) -> dict:
         "samples_total": 32 * step,
         "generated_tokens_total": 200 * step,
         "verifier_timeouts_total": 0,
+        **CURRICULUM,
         **extra,
     }
 

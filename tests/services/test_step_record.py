@@ -123,6 +123,12 @@ def test_the_policy_steps_a_run_skipped_are_a_prometheus_counter(store, tmp_path
     assert samples[("pcl_policy_skipped_steps_total", ())] == 2 and samples[("pcl_policy_skipped", ())] == 0
 
 
+def test_no_two_figures_share_a_prometheus_family():
+    """A counter `x_total` is the family `pcl_x`: a gauge `x` beside it would be a second family of that name."""
+    families = [fig.prometheus_name for fig in FIGURES.values()]
+    assert len(families) == len(set(families)), sorted(f for f in families if families.count(f) > 1)
+
+
 def test_lines_of_old_runs_read_back_with_the_same_keys(tmp_path):
     """metrics.jsonl keeps its key names: a line written before the record existed reads into it and back."""
     old = {"step": 3, "effective_ratio": 0.5, "train_reward_mean": 0.25, "generation_seconds": 1.0,

@@ -56,7 +56,7 @@ def test_one_steps_figures_by_hand():
     assert "probe_brier_by_lag" not in f and "trained_brier_by_lag" not in f  # no lag known yet
     assert f["uniform_effective_ratio"] == 0.5  # the probe's groups: 0.5 mixed, 1.0 all solved
     assert f["curriculum_gain"] == pytest.approx(0.0) and f["expectation_gap"] == pytest.approx(-0.1)
-    assert f["curriculum_stalled_steps"] == 0 and w.below == 1  # below min_gain once: not yet stalled
+    assert f["curriculum_stalled"] == 0 and w.below == 1  # below min_gain once: not yet stalled
 
 
 def test_the_window_pools_its_last_steps_and_splits_by_lag():
@@ -70,7 +70,7 @@ def test_the_window_pools_its_last_steps_and_splits_by_lag():
     assert f["trained_brier_by_lag"] == {"1": pytest.approx(0.005)}  # step 2's alone: (0 + 0.01) / 2
     assert "probe_brier_by_lag" not in f  # the only probe had no lag
     assert f["curriculum_gain"] == pytest.approx((0.5 + 1.0) / 2 - 0.5)  # mean realised minus the probe's
-    assert f["curriculum_stalled_steps"] == 0 and w.below == 0  # a gain of 0.25 pays: the count restarts
+    assert f["curriculum_stalled"] == 0 and w.below == 0  # a gain of 0.25 pays: the count restarts
 
     f = w.add(3, batch(2, 1, {"g": 0.5}, {}), np.array([0.5]), 1.0)
     assert w.pooled("trained")[0] == [0.5, 0.4, 0.5]  # step 1 left the window of 2
@@ -91,7 +91,7 @@ def test_the_step_that_stalls_logs_what_to_change(caplog):
     w = window(patience=1)
     with caplog.at_level(logging.WARNING, logger="pcl.loop.curriculum_window"):
         f = w.add(7, batch(3, 2, {"a": 0.5}, {"c": (0.5, 0.5)}), np.array([1.0]), 0.0, k=2)
-    assert f["curriculum_gain"] == pytest.approx(-1.0) and f["curriculum_stalled_steps"] == 1
+    assert f["curriculum_gain"] == pytest.approx(-1.0) and f["curriculum_stalled"] == 1
     assert f["curriculum_stalled_steps_total"] == 1
     [message] = caplog.messages
     assert message.startswith("step 7: the curriculum is not paying") and "-1.000" in message
@@ -128,7 +128,7 @@ def test_a_pcl_run_records_the_curriculum_and_writes_its_reliability_tables(tmp_
     assert last["curriculum_gain"] == pytest.approx(
         np.mean([r["effective_ratio"] for r in records[-window.window:]]) - last["uniform_effective_ratio"])
     assert last["curriculum_gain"] > 0  # V is the true pass rate in the fakes: selecting near 0.5 pays
-    assert last["probe_brier_by_lag"].keys() == {"1"} and last["curriculum_stalled_steps"] == 0
+    assert last["probe_brier_by_lag"].keys() == {"1"} and last["curriculum_stalled"] == 0
     tables = json.loads((tmp_path / "calibration.json").read_text())
     assert tables["steps"] == [1, 2, 3, 4, 5] and len(tables["probe"]["all"]) == 10
     assert sum(r["count"] for r in tables["trained"]["all"]) == 5 * 4  # m = 4 trained prompts a step
