@@ -135,6 +135,9 @@ def format_step_line(r: dict, total_steps: int) -> str:
     if r.get("policy_skipped"):  # the weights did not change: say so where the user looks
         line += (f"  policy step SKIPPED (loss {f('policy_loss', '.3g')}, grad norm {f('grad_norm', '.3g')}: "
                  f"not finite; {r.get('policy_skipped_steps_total', '?')} skipped so far)")
+    if r.get("curriculum_stalled") == 1:  # the step the curriculum stopped paying: say so, and what to change
+        line += (f"  CURRICULUM NOT PAYING (gain over uniform {f('curriculum_gain', '+.3f')} for "
+                 f"curriculum.patience steps): raise k, move tau, or switch selection.type")
     if r.get("eval_accuracy") is not None:
         line += f"  eval_acc {r['eval_accuracy']:.3f}" + _se(r.get("eval_accuracy_se"))
     if r.get("suite_average") is not None:
@@ -153,7 +156,8 @@ def summarize(records: list[dict]) -> dict:
     best, with the standard errors of the first and last evaluations (and of the gain between them, the two
     evaluations taken as independent) where the records carry them; mean effective ratio; V's explained variance
     (mean over the second half of training, where V has had time to learn); mean step and generation seconds;
-    the run's wall-clock and training seconds."""
+    the curriculum's gain over uniform selection (mean over the second half) and the steps spent stalled (a run
+    whose strategy uses V); the run's wall-clock and training seconds."""
     import statistics
 
     evaluated = [r for r in records if r.get("eval_accuracy") is not None]
@@ -179,6 +183,9 @@ def summarize(records: list[dict]) -> dict:
         "selection_seconds_mean": mean(steps, "selection_seconds"),
         "train_seconds_mean": mean(steps, "train_seconds"),
         "weight_sync_seconds_mean": mean(steps, "weight_sync_seconds"),
+        "curriculum_gain_late": mean(half, "curriculum_gain"),
+        "curriculum_stalled_steps": sum(bool(r.get("curriculum_stalled")) for r in steps) if any(
+            "curriculum_gain" in r for r in steps) else None,
         "elapsed_seconds": steps[-1].get("elapsed_seconds") if steps else None,
         "train_elapsed_seconds": steps[-1].get("train_elapsed_seconds") if steps else None,
     }
@@ -217,6 +224,12 @@ def summary_report(run_dirs: list[str | os.PathLike]) -> str:
         if s.get("step_seconds_mean"):
             lines.append(f"  {s['step_seconds_mean']:.2f} s/step: " + ", ".join(
                 f"{name} {v:.2f}s ({100 * v / s['step_seconds_mean']:.0f}%)" for name, v in split if v is not None))
+        if s.get("curriculum_stalled_steps") is not None:  # a run whose strategy uses V
+            gain = s.get("curriculum_gain_late")
+            lines.append("  curriculum: " + ("" if gain is None else f"gain over uniform selection {gain:+.3f} "
+                                             "(effective ratio, second half); ")
+                         + f"{s['curriculum_stalled_steps']} of {s['steps']} steps stalled (gain below "
+                         "curriculum.min_gain for curriculum.patience steps)")
         newest = ckpt.latest(Path(run) / "checkpoints")
         lines.append(f"  metrics {Path(run) / METRICS_FILE}; checkpoint {newest or 'none'}")
     return "\n".join(lines)

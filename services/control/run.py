@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import redis
 
+from pcl.loop.curriculum_window import ADVICE
 from pcl.loop.record import StepRecord
 from services.control.state import HEARTBEAT_TTL_S, Desired, last_step
 from services.control.writes import ControlWrites
@@ -109,6 +110,7 @@ class RunControl:
             self.status["eval"] = {"step": int(record.step), "accuracy": record.eval_accuracy}
         increments = {}
         if record.is_training_step:  # a training step, not the evaluation before the first one
+            self._curriculum_events(record, self.status.get("last_step") or {})
             self.status["last_step"] = last_step(record)
             increments = observation_increments(record, self.counted)
             if self.health is not None:
@@ -151,6 +153,16 @@ class RunControl:
         self._safely(self.store.clear_heartbeat)
 
     # -- the pieces ------------------------------------------------------------------------------------------
+
+    def _curriculum_events(self, record: StepRecord, previous: dict) -> None:
+        """`curriculum_stalled` the step the curriculum's gain over uniform selection has stayed low for
+        curriculum.patience steps (with what to change), `curriculum_recovered` the step it pays again."""
+        gain = {"curriculum_gain": record.curriculum_gain, "uniform_effective_ratio": record.uniform_effective_ratio}
+        if record.curriculum_stalled == 1:
+            self._event("curriculum_stalled", int(record.step), **gain, advice=ADVICE)
+        elif record.curriculum_stalled == 0 and previous.get("curriculum_stalled"):
+            self._event("curriculum_recovered", int(record.step), **gain,
+                        stalled_steps=previous["curriculum_stalled"])
 
     def _apply(self, desired: Desired, step: int, strategy) -> bool:
         """Tune tau / k on the strategy (`Strategy.tune`, which validates) and record it; a change the strategy

@@ -100,3 +100,22 @@ def test_summary_report_prints_the_standard_errors(tmp_path):
     log.append({"step": 0, "eval_accuracy": 0.2, "eval_accuracy_se": 0.03})
     log.append({"step": 1, "effective_ratio": 0.5, "step_seconds": 1.0, "eval_accuracy": 0.35, "eval_accuracy_se": 0.04})
     assert "held-out accuracy 0.200 ± 0.030 -> 0.350 ± 0.040 (best 0.350), +15.0 ± 5.0 points" in summary_report([tmp_path])
+
+
+def test_the_summary_counts_the_steps_the_curriculum_spent_stalled(tmp_path):
+    from pcl.loop.runlog import MetricsLog, format_step_line, summarize, summary_report
+
+    stalled = [0, 0, 1, 2, 0, 1]
+    records = [{"step": s, "effective_ratio": 0.5, "step_seconds": 1.0, "curriculum_gain": g, "curriculum_stalled": k}
+               for s, (g, k) in enumerate(zip([0.2, 0.1, 0.0, 0.01, 0.1, -0.05], stalled), start=1)]
+    s = summarize(records)
+    assert s["curriculum_stalled_steps"] == 3 and s["curriculum_gain_late"] == pytest.approx(0.02)  # steps 4-6
+    assert summarize([{"step": 1, "effective_ratio": 0.5}])["curriculum_stalled_steps"] is None  # no V: no figure
+    line = format_step_line(records[2], 6)
+    assert "CURRICULUM NOT PAYING (gain over uniform +0.000" in line and "raise k, move tau" in line
+    assert "CURRICULUM" not in format_step_line(records[3], 6)  # said once, the step it stalls
+    log = MetricsLog(tmp_path)
+    for r in records:
+        log.append(r)
+    assert ("curriculum: gain over uniform selection +0.020 (effective ratio, second half); 3 of 6 steps stalled"
+            in summary_report([tmp_path]))

@@ -229,6 +229,19 @@ def test_history_keeps_one_record_per_step_and_drops_steps_a_resume_replays(stor
     assert rows[-1]["samples_total"] == 64 and "value_loss" not in rows[-1]  # every figure the step has, no nulls
 
 
+def test_the_step_the_curriculum_stalls_and_the_step_it_pays_again_are_events(store, control):
+    gains = [(0.01, 0), (0.0, 1), (0.01, 2), (0.2, 0), (0.2, 0)]  # (gain, steps in a row stalled) of steps 1-5
+    for step, (gain, stalled) in enumerate(gains, start=1):
+        control.publish(step_record(step, curriculum_gain=gain, curriculum_stalled=stalled), step)
+    events = [e for e in store.events() if e["type"].startswith("curriculum_")]
+    assert [(e["type"], e["step"], e["source"]) for e in events] == [
+        ("curriculum_stalled", 2, "coordinator"), ("curriculum_recovered", 4, "coordinator")]
+    stalled, recovered = events[0]["data"], events[1]["data"]
+    assert stalled["curriculum_gain"] == 0.0 and stalled["uniform_effective_ratio"] == 0.3
+    assert "raise k" in stalled["advice"] and "move tau" in stalled["advice"] and "selection.type" in stalled["advice"]
+    assert recovered == {"curriculum_gain": 0.2, "uniform_effective_ratio": 0.3, "stalled_steps": 2}
+
+
 def test_status_says_lost_when_the_heartbeat_stops(store):
     rc = RunControl(store, poll_s=0.02)
     rc.publish(step_record(1), 1)
