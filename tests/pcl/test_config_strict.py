@@ -137,19 +137,19 @@ def test_one_generation_per_prompt_is_refused_naming_run_n(tmp_path):
 
 def shipped_configs() -> dict[str, Config]:
     """Every config under configs/, layered as the docs use them: each preset alone and under each baseline, the
-    tiny, tiny-carry and chaos configs alone, and each experiment's every arm (its base, overrides and the arm's)."""
+    tiny, tiny-carry, chaos and soak configs alone, and each experiment's every arm (its base, overrides and the arm's)."""
     from entrypoints.experiment import load_experiment, run_config
 
     presets = sorted((CONFIGS / "presets").glob("*.yaml"))
     baselines = sorted((CONFIGS / "baselines").glob("*.yaml"))
     configs = {path.stem: load_config(path) for path in (CONFIGS / "tiny.yaml", CONFIGS / "tiny-carry.yaml",
-                                                         CONFIGS / "chaos.yaml", *presets)}
+                                                         CONFIGS / "chaos.yaml", CONFIGS / "soak.yaml", *presets)}
     configs |= {f"{p.stem}+{b.stem}": load_config([p, b]) for p in presets for b in baselines}
     for path in sorted((CONFIGS / "experiments").glob("*.yaml")):
         exp = load_experiment(path)
         configs |= {f"{path.stem}:{arm}": run_config(exp, arm, exp.seeds[0]) for arm in exp.strategies}
     listed = {p.relative_to(CONFIGS) for p in CONFIGS.rglob("*.yaml")}
-    assert listed == {Path(n) for n in ("tiny.yaml", "tiny-carry.yaml", "chaos.yaml")} | {
+    assert listed == {Path(n) for n in ("tiny.yaml", "tiny-carry.yaml", "chaos.yaml", "soak.yaml")} | {
         p.relative_to(CONFIGS) for p in (*presets, *baselines, *(CONFIGS / "experiments").glob("*.yaml"))}, listed
     return configs
 
