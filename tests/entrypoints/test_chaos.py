@@ -172,7 +172,8 @@ def test_the_control_traffic_records_what_each_request_expected_and_a_real_contr
     with start_embedded(tmp_path / "redis", appendonly=False) as handle:
         store = ControlStore(handle.client(decode_responses=True), "chaos")
         store.set_k_max(16)
-        RunControl(store, steps_total=10, poll_s=0.02).at_step_boundary(0, PCLStrategy(m=8, n=4, tau=0.5, k=4))
+        control = RunControl(store, steps_total=10, poll_s=0.02)  # its heartbeat thread ends with finish() below
+        control.at_step_boundary(0, PCLStrategy(m=8, n=4, tau=0.5, k=4))
         server = ControlServer(create_app(store, token), "127.0.0.1", 0).start()
         try:
             run = SimpleNamespace(driver=SimpleNamespace(control_url=server.url, state="up"), clock=time.monotonic,
@@ -187,6 +188,7 @@ def test_the_control_traffic_records_what_each_request_expected_and_a_real_contr
             traffic.request("GET", "/v1/status")
         finally:
             server.stop()
+            control.finish(0)
     recorded = read_requests(tmp_path / "requests.jsonl")
     assert [(r["what"], r["expect"], r["status"]) for r in recorded] == [
         ("pause with a wrong token", [401], 401), ("params with a bad body", [422], 422),

@@ -105,23 +105,39 @@ class AlwaysFailing:
         self.released += 1
 
 
-def run_loop(service, seconds: float, **options) -> None:
-    stop = threading.Event()
+class RecordingStop(threading.Event):
+    """The loop's stop event, recording each wait the loop asks of it (its backoff delays, as requested: a loaded
+    machine may end a wait late, never early)."""
+
+    def __init__(self):
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout=None):
+        if timeout is not None:
+            self.waits.append(timeout)
+        return super().wait(timeout)
+
+
+def run_loop(service, seconds: float, **options) -> RecordingStop:
+    stop = RecordingStop()
     thread = threading.Thread(target=serve_forever, args=(service, stop, "worker-x"), kwargs=options, daemon=True)
     thread.start()
     time.sleep(seconds)
     stop.set()
     thread.join(5)
     assert not thread.is_alive(), "the loop did not stop within 5 s of its stop event"
+    return stop
 
 
 def test_a_failing_loop_backs_off_exponentially_and_logs_one_traceback(caplog):
     service = AlwaysFailing()
     with caplog.at_level(logging.INFO, logger="services.streams.workers"):
-        run_loop(service, 3.3)
+        stop = run_loop(service, 3.3)
     gaps = [b - a for a, b in zip(service.calls, service.calls[1:])]
     assert len(gaps) >= 4, gaps
-    assert gaps[0] < 0.4, gaps  # the first retry comes quickly ...
+    # the first retry is asked for after 0.1 s, each next one after twice the last ...
+    assert stop.waits[:4] == pytest.approx([0.1, 0.2, 0.4, 0.8]), stop.waits
     for i, gap in enumerate(gaps):  # ... and each wait doubles (a wait never ends early; it may end late)
         assert gap >= 0.95 * 0.1 * 2**i, f"waits between passes do not double from 0.1 s: {gaps}"
     tracebacks = [r for r in caplog.records if r.exc_info]
