@@ -30,14 +30,13 @@ import os
 import shutil
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
 from pcl.progress import Progress
-from pcl.tiny.measure import MEASURE_SAMPLES, format_report, measure_pass_rates, summarize
+from pcl.tiny.measure import MEASURE_SAMPLES, deterministic_cpu, format_report, measure_pass_rates, summarize
 from pcl.tiny.shipped import load_shipped_weights, shipped_paths, shipped_record
 from pcl.tiny.tasks import ARITH, TinyTask, tiny_task
 from pcl.tiny.tokenizer import build_tokenizer
@@ -111,20 +110,6 @@ def policy_config(tokenizer, max_positions: int = 64) -> "Qwen3Config":
         tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, initializer_range=0.08, attn_implementation="eager",
     )
-
-
-@contextmanager
-def deterministic_cpu(threads: int) -> Iterator[None]:
-    """Fixed thread count and deterministic kernels for the build; the caller's settings come back after."""
-    previous_threads = torch.get_num_threads()
-    previous_deterministic = torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(threads)
-    torch.use_deterministic_algorithms(True)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous_threads)
-        torch.use_deterministic_algorithms(previous_deterministic)
 
 
 def _save_quietly(model, out: Path) -> None:

@@ -3,7 +3,8 @@ spread (the curriculum matters only if easy, intermediate and hard prompts all o
 
 from __future__ import annotations
 
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 
@@ -12,6 +13,21 @@ from pcl.tiny.task import format_prompt
 from pcl.tiny.tasks import ARITH
 
 MEASURE_SAMPLES = 16  # samples per prompt of the build's measurement (report.json's pass_rates)
+
+
+@contextmanager
+def deterministic_cpu(threads: int) -> Iterator[None]:
+    """Fixed thread count and deterministic kernels (a build's warm-up and measurement, a re-measurement of a
+    shipped policy); the caller's settings come back after."""
+    previous_threads = torch.get_num_threads()
+    previous_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(threads)
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous_threads)
+        torch.use_deterministic_algorithms(previous_deterministic)
 
 
 def measure_pass_rates(model, tokenizer, rows: list[dict], samples: int, seed: int,
