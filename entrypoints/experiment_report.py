@@ -7,6 +7,8 @@ start of training: `train_elapsed_seconds`, which leaves out evaluations and che
 `elapsed_seconds` for runs recorded before that existed), mean effective ratio, mean generation and selection
 seconds per step, steps done. Plots: held-out accuracy against training time, effective ratio, V's explained
 variance and the reference difficulty (initial policy's pass rate) of the selected prompts against the step.
+Where an arm's strategy uses V, a section on what its curriculum bought over uniform selection
+(`entrypoints.experiment_curriculum`).
 Numbers come only from the runs' metrics.jsonl files.
 """
 
@@ -20,6 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
+from entrypoints.experiment_curriculum import curriculum_section
 from pcl.loop.record import StepRecord, check_keys
 from pcl.loop.runlog import METRICS_FILE, read_records
 
@@ -197,6 +200,7 @@ def write_report(exp) -> Path:
         lines += ["", f"Failed runs (their records so far are included): {', '.join(failed)}."]
     lines += ["", "## Plots", ""]
     lines += [f"![{p.stem}]({plot_dir.name}/{p.name})" for p in plots]
+    lines += curriculum_section(runs, plot_dir)  # only where a run's records carry the curriculum's figures
     lines += _per_run(runs, target, gain)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines) + "\n")
