@@ -7,7 +7,7 @@
     pcl control --redis-url URL (--run NAME | --config CONFIG) [key=value ...]   serve a run's control plane
     pcl status [--url URL] [--json]                        a run's status, as a table
     pcl probe-batch CONFIG [--sizes B,...] [--repeats R] [key=value ...]   generation time over batch sizes
-    pcl experiment CONFIG [--report-only]                   a strategy comparison and its report
+    pcl experiment CONFIG [--report-only] [--set F=V]       a strategy comparison and its report
     pcl summary RUN_DIR ... [--plot [PNG]]                  runs' headline figures side by side
     pcl plot RUN_DIR ... [--out PNG] [--labels a,b]         runs' curves overlaid in one PNG
     pcl eval [CONFIG ...] [key=value ...] [--out DIR]       avg@k per benchmark of model.path (the evaluation section)
@@ -222,9 +222,9 @@ def _cmd_experiment(args: argparse.Namespace) -> int:
     if args.report_only:
         from entrypoints.experiment_report import write_report
 
-        print(f"pcl: report written to {write_report(load_experiment(args.config))}")
+        print(f"pcl: report written to {write_report(load_experiment(args.config, args.set))}")
         return 0
-    return run_experiment(args.config)
+    return run_experiment(args.config, args.set)
 
 
 EVAL_HELP = """The paper's evaluation suite on model.path: avg@k per benchmark (a table, eval.json, eval.md).
@@ -287,6 +287,9 @@ def _add_training_commands(sub) -> None:
     p = sub.add_parser("experiment", help="run a strategy comparison and write its report (table and plots)")
     p.add_argument("config", help="experiment config, e.g. configs/experiments/tiny-compare.yaml")
     p.add_argument("--report-only", action="store_true", help="rebuild the report from the runs already there")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="replace a top-level field of the experiment config (the value read as YAML), e.g. a short "
+                   "try: --set budget_s=20 --set seeds=[0] --set runs_dir=/tmp/exp --set output=/tmp/exp.md")
     p.set_defaults(func=_cmd_experiment)
 
     p = sub.add_parser("config", help="print the resolved config (file + overrides) as YAML")

@@ -68,12 +68,20 @@ class ExperimentConfig(BaseModel):
         return Path(self.output or f"docs/results/{self.name}.md")
 
 
-def load_experiment(path: str | Path) -> ExperimentConfig:
+def load_experiment(path: str | Path, sets: list[str] = ()) -> ExperimentConfig:
+    """The experiment config at `path`, with `sets` (FIELD=VALUE, the value read as YAML) replacing its top-level
+    fields: `budget_s=20`, `seeds=[0]`, `runs_dir=/tmp/x` for a short try of a shipped experiment."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"experiment config {str(path)!r} does not exist")
     try:
-        return ExperimentConfig.model_validate(yaml.safe_load(p.read_text()) or {})
+        raw = yaml.safe_load(p.read_text()) or {}
+        for item in sets:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"{item!r}: expected FIELD=VALUE (an experiment config's top-level field)")
+            raw[key.strip()] = yaml.safe_load(value)
+        return ExperimentConfig.model_validate(raw)
     except (ValidationError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: invalid experiment config:\n{exc}") from None
 
@@ -84,12 +92,13 @@ def run_config(exp: ExperimentConfig, arm: str, seed: int):
                                   f"run.train_budget_s={exp.budget_s}", f"run.name={exp.name}-{arm}-s{seed}"])
 
 
-def run_experiment(path: str | Path) -> int:
-    """Run every arm with every seed (skipping finished runs), then write the report."""
+def run_experiment(path: str | Path, sets: list[str] = ()) -> int:
+    """Run every arm with every seed (skipping finished runs), then write the report. `sets`: see
+    `load_experiment`."""
     from actors.runtime import start_ray
     from entrypoints.train import run_training
 
-    exp = load_experiment(path)
+    exp = load_experiment(path, sets)
     configs = {(arm, seed): run_config(exp, arm, seed) for seed in exp.seeds for arm in exp.strategies}  # fail early
     exp.runs_path.mkdir(parents=True, exist_ok=True)
     started, own_ray, failed = time.perf_counter(), start_ray(), []  # one Ray for every run

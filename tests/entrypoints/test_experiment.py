@@ -114,3 +114,18 @@ def test_two_arms_run_and_the_report_has_its_table_and_plots(tiny_model, ray_ses
     capsys.readouterr()
     assert main(["experiment", str(path)]) == 0  # repeated: finished runs are kept, the report rebuilt
     assert capsys.readouterr().out.count("is finished; kept") == 2
+
+
+def test_set_replaces_top_level_fields_for_a_short_try_of_a_shipped_experiment(tmp_path):
+    shipped = load_experiment("configs/experiments/tiny-curriculum.yaml")
+    short = load_experiment("configs/experiments/tiny-curriculum.yaml",
+                            ["budget_s=20", "seeds=[0]", f"runs_dir={tmp_path}/runs", f"output={tmp_path}/x.md"])
+    assert (short.budget_s, short.seeds, short.runs_path, short.output_path) == (
+        20.0, [0], tmp_path / "runs", tmp_path / "x.md")
+    assert short.strategies == shipped.strategies and shipped.seeds == [0, 1, 2]
+    with pytest.raises(ConfigError, match="budget_s"):
+        load_experiment("configs/experiments/tiny-curriculum.yaml", ["budget_s=-1"])
+    with pytest.raises(ConfigError, match="expected FIELD=VALUE"):
+        load_experiment("configs/experiments/tiny-curriculum.yaml", ["budget_s"])
+    with pytest.raises(ConfigError, match="Extra inputs are not permitted"):
+        load_experiment("configs/experiments/tiny-curriculum.yaml", ["budget=20"])
