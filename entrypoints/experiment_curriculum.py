@@ -129,9 +129,10 @@ def plot(runs: dict[str, dict[int, list[StepRecord]]], out_dir: Path) -> Path:
                 points = [(r.train_elapsed_seconds, y) for r, y in zip(steps, ys)
                           if r.train_elapsed_seconds is not None and y is not None]
                 if points:
-                    ax.plot(*zip(*points), styles[j % len(styles)], color=series[name], linewidth=1.1,
-                            label=f"{name} (seed {seed})")
-        ax.set_title(arm)
+                    ax.plot(*zip(*points), styles[j % len(styles)], color=series[name], linewidth=1.1, marker="o",
+                            markersize=2.5, label=name if j == 0 else None)  # a marker: one step is a point
+        ax.set_title(f"{arm} (seeds " + ", ".join(f"{seed} {styles[j % len(styles)]}"
+                                                  for j, seed in enumerate(sorted(seeds))) + ")", fontsize=9)
         ax.set_xlabel("seconds of training")
         ax.legend(fontsize=6)
     axes[0][0].set_ylabel("effective ratio")
