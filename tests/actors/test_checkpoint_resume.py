@@ -25,14 +25,14 @@ REPO = Path(__file__).resolve().parents[2]
 T = 3
 
 
-def pcl_train(run_dir: Path, *extra: str, **kwargs):
-    args = [sys.executable, "-m", "entrypoints.cli", "train", "configs/tiny.yaml", *FAST, f"run.steps={2 * T}",
-            f"checkpoint.every={T}", "rollout.deterministic=true", "--run-dir", str(run_dir), *extra]
+def pcl_train(run_dir: Path, *extra: str, t: int = T, **kwargs):
+    args = [sys.executable, "-m", "entrypoints.cli", "train", "configs/tiny.yaml", *FAST, f"run.steps={2 * t}",
+            f"checkpoint.every={t}", "rollout.deterministic=true", "--run-dir", str(run_dir), *extra]
     return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
 
 
-def final_weights(run_dir: Path) -> dict:
-    ckpt = run_dir / "checkpoints" / f"step-{2 * T:06d}"
+def final_weights(run_dir: Path, t: int = T) -> dict:
+    ckpt = run_dir / "checkpoints" / f"step-{2 * t:06d}"
     return torch.load(ckpt / "learner.pt", map_location="cpu", weights_only=True)["model"]
 
 
@@ -40,64 +40,72 @@ def final_weights(run_dir: Path) -> dict:
 SPEED_CARRY = ("selection.type=speed", "selection.k=2", "selection.n_init=2", "selection.carry_over=true")
 
 
-# make test-slow (three `pcl train` runs, the default suite's longest test by far). The default suite keeps resume's
-# parts: the learner's and V's checkpoints reproduce the next step on real gloo ranks (tests/pcl/test_learner.py,
-# test_value_sharded.py), the loop's and the sampler's state (tests/pcl/loop/test_run.py, test_sampler.py), the
-# refusals (tests/entrypoints/test_bad_input.py); `pcl chaos` kills the driver under load and compares the weights.
+# The default suite runs the short form (T=2, PCL: three `pcl train` runs of 4 steps); make test-slow runs T=3 with
+# PCL and with SPEED carrying screened prompts across the kill. `pcl chaos` kills the driver under load as well.
+def test_a_sigkilled_driver_resumes_every_step_once_to_the_same_prompts_and_weights(tiny_model, tmp_path):
+    sigkill_and_resume(tmp_path, (), t=2)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("selection", [(), SPEED_CARRY], ids=["pcl", "speed"])
 def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tiny_model, tmp_path, selection):
+    sigkill_and_resume(tmp_path, selection, t=T)
+
+
+def sigkill_and_resume(tmp_path: Path, selection: tuple[str, ...], t: int) -> None:
+    """2t steps straight; the same run SIGKILLed (driver, its Ray, its Redis) once its step-t checkpoint is complete,
+    then `--resume` to 2t: every step once, exact batches, the same prompts at every step, equal final weights."""
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run = pcl_train(straight, *selection)
+    run = pcl_train(straight, *selection, t=t)
     out, _ = run.communicate(timeout=600)
     assert run.returncode == 0, out[-3000:]
 
-    # The same run, killed like a crashed machine while step T+1 is under way (its checkpoint at T is complete).
-    # The kill follows the step-T checkpoint's COMPLETE marker within milliseconds, not the printed step line,
-    # which trails its step by up to a second: on a fast machine steps T+1..2T can be done by then.
-    victim = pcl_train(resumed, *selection, start_new_session=True)
+    # The same run, killed like a crashed machine while step t+1 is under way (its checkpoint at t is complete).
+    # The kill follows the step-t checkpoint's COMPLETE marker within milliseconds, not the printed step line,
+    # which trails its step by up to a second: on a fast machine steps t+1..2t can be done by then.
+    victim = pcl_train(resumed, *selection, t=t, start_new_session=True)
     printed: list[str] = []
     drain = threading.Thread(target=lambda: printed.extend(victim.stdout), daemon=True)
     drain.start()
-    marker, deadline = resumed / "checkpoints" / f"step-{T:06d}" / "COMPLETE", time.monotonic() + 600
+    marker, deadline = resumed / "checkpoints" / f"step-{t:06d}" / "COMPLETE", time.monotonic() + 600
     while not marker.is_file():
         if victim.poll() is not None or time.monotonic() > deadline:
             drain.join(timeout=10)
-            pytest.fail(f"the run wrote no step-{T} checkpoint (exit {victim.poll()}): {''.join(printed)[-3000:]}")
+            pytest.fail(f"the run wrote no step-{t} checkpoint (exit {victim.poll()}): {''.join(printed)[-3000:]}")
         time.sleep(0.005)
     os.killpg(victim.pid, signal.SIGKILL)  # the driver and everything it started (its local Ray, its Redis)
     victim.wait(timeout=30)
-    assert (resumed / "checkpoints" / f"step-{T:06d}" / "COMPLETE").is_file()
-    assert not (resumed / "checkpoints" / f"step-{2 * T:06d}").exists()
+    assert (resumed / "checkpoints" / f"step-{t:06d}" / "COMPLETE").is_file()
+    assert not (resumed / "checkpoints" / f"step-{2 * t:06d}").exists()
 
-    again = pcl_train(resumed, *selection, "--resume")
+    again = pcl_train(resumed, *selection, "--resume", t=t)
     out, _ = again.communicate(timeout=600)
     assert again.returncode == 0, out[-3000:]
-    assert f"restored step {T} (policy version {T})" in out
+    assert f"restored step {t} (policy version {t})" in out
 
     expected = [json.loads(line) for line in (straight / "selections.jsonl").read_text().splitlines()]
     got = [json.loads(line) for line in (resumed / "selections.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in got] == list(range(1, 2 * T + 1))
+    assert [s["step"] for s in got] == list(range(1, 2 * t + 1))
     assert got == expected  # the same prompt ids, in the same order, at every step
-    a, b = final_weights(straight), final_weights(resumed)
+    a, b = final_weights(straight, t), final_weights(resumed, t)
     assert a.keys() == b.keys()
     worst = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
     assert worst <= 1e-6, worst
-    first = final_weights(straight)  # and training did move the weights: the comparison is not vacuous
-    initial = torch.load(straight / "checkpoints" / f"step-{T:06d}" / "learner.pt", weights_only=True)["model"]
+    first = final_weights(straight, t)  # and training did move the weights: the comparison is not vacuous
+    initial = torch.load(straight / "checkpoints" / f"step-{t:06d}" / "learner.pt", weights_only=True)["model"]
     assert max((first[k] - initial[k]).abs().max().item() for k in first) > 1e-6
     # The checkpoint's policy/ is a Hugging Face model holding exactly the learner's weights.
     from transformers import AutoModelForCausalLM
 
-    hf = AutoModelForCausalLM.from_pretrained(resumed / "checkpoints" / f"step-{2 * T:06d}" / "policy")
+    hf = AutoModelForCausalLM.from_pretrained(resumed / "checkpoints" / f"step-{2 * t:06d}" / "policy")
     hf_state = hf.state_dict()
     assert max((hf_state[k] - b[k]).abs().max().item() for k in b) == 0.0
-    records = assert_each_step_once_and_exact_batches(resumed, 2 * T)
-    straight_records = assert_each_step_once_and_exact_batches(straight, 2 * T)
+    records = assert_each_step_once_and_exact_batches(resumed, 2 * t)
+    straight_records = assert_each_step_once_and_exact_batches(straight, 2 * t)
     assert [r["train_reward_mean"] for r in records] == [r["train_reward_mean"] for r in straight_records]
     assert M * N == records[0]["batch_samples"]
     if selection:  # the resumed step continued prompts screened before the kill
-        assert records[T]["speed_carried_in"] == straight_records[T]["speed_carried_in"] > 0
+        assert records[t]["speed_carried_in"] == straight_records[t]["speed_carried_in"] > 0
 
 
 @pytest.mark.slow  # tests/entrypoints/test_bad_input.py checks the same refusal in the default suite, without a run

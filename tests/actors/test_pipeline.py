@@ -15,14 +15,23 @@ pytestmark = [pytest.mark.ray, pytest.mark.redis]
 
 
 def test_pcl_trains_end_to_end_and_records_every_step(untrained_tiny, ray_session, tmp_path, capsys):
+    """Three PCL steps with held-out accuracy every 2 steps and, through the same fleet, the paper's benchmark suite
+    (the real MATH500 / AIME24 files, the first 3 prompts, avg@k) every 2 steps and at the end, the best suite
+    average checkpointed and kept beyond checkpoint.keep=1."""
+    from pathlib import Path
+
     from entrypoints.train import run_training
 
+    math = Path(__file__).resolve().parents[3] / "shared" / "data" / "math"
     model = str(untrained_tiny)
     cfg = load_config("configs/tiny.yaml", [
         f"model.path={model}", f"value.path={model}", "run.steps=3", "run.m=8", "run.n=4", "run.eval_every=2",
         "data.eval_size=16", "data.tiny_size=256", "selection.k=2", "value.ev_sample=4", "learner.num_ranks=2",
-        "run.time_budget_s=null", "control.port=0"])
+        "run.time_budget_s=null", "control.port=0", "data.max_prompt_tokens=1024", f"data.root={math}",
+        "evaluation.suite=[math500,aime24]", "evaluation.every=2", "evaluation.limit=3", "evaluation.k={aime24: 4}",
+        "evaluation.max_new_tokens=8", "checkpoint.keep=1", "evaluation.best_by=math500", "evaluation.top_k=-1"])
     assert run_training(cfg, run_dir=str(tmp_path / "run")) == 0
+    assert_suite_evaluated_and_best_kept(tmp_path / "run", [2, 3], last=3)
 
     records = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in records] == [0, 1, 2, 3]
@@ -50,7 +59,7 @@ def test_pcl_trains_end_to_end_and_records_every_step(untrained_tiny, ray_sessio
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 3
     out = capsys.readouterr().out
-    assert "step    3/3" in out and "pcl: done" in out
+    assert "step    3/3" in out and "pcl: done" in out and "suite" in out
 
 
 @pytest.mark.slow  # the default suite: the correction on 2 learner ranks (tests/pcl/test_learner.py) and in the loop
@@ -97,35 +106,18 @@ def test_missing_model_path_is_a_clear_error(tmp_path):
         run_training(cfg, run_dir=str(tmp_path / "run"))
 
 
-@pytest.mark.slow  # the suite's evaluation without a run: tests/pcl/test_evaluation.py (pcl eval on the real files)
-def test_the_evaluation_suite_runs_during_training_and_the_best_checkpoint_is_kept(untrained_tiny, ray_session,
-                                                                                 tmp_path, capsys):
-    """The paper's benchmarks (real MATH500 / AIME24 files, the first 3 prompts) evaluated through the fleet every 2
-    steps with avg@k; the best suite average is checkpointed and kept beyond checkpoint.keep."""
-    from pathlib import Path
-
-    from entrypoints.train import run_training
-
-    math = Path(__file__).resolve().parents[3] / "shared" / "data" / "math"
-    model = str(untrained_tiny)
-    cfg = load_config("configs/tiny.yaml", [
-        f"model.path={model}", f"value.path={model}", "run.steps=4", "run.m=8", "run.n=4", "run.eval_every=0",
-        "data.tiny_size=256", "data.max_prompt_tokens=1024", "selection.k=2", "value.ev_sample=4",
-        "run.time_budget_s=null", "control.port=0", f"data.root={math}", "evaluation.suite=[math500,aime24]",
-        "evaluation.every=2", "evaluation.limit=3", "evaluation.k={aime24: 4}", "evaluation.max_new_tokens=8",
-        "checkpoint.keep=1", "evaluation.best_by=math500", "evaluation.top_k=-1"])
-    assert run_training(cfg, run_dir=str(tmp_path / "run")) == 0
-    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+def assert_suite_evaluated_and_best_kept(run_dir, steps: list[int], last: int) -> None:
+    """The suite's figures at `steps`, best.json naming the best math500 score, its checkpoint and the last kept."""
+    records = read_metrics(run_dir / "metrics.jsonl")
     evaluated = [r for r in records if "suite_average" in r]
-    assert [r["step"] for r in evaluated] == [2, 4]
+    assert [r["step"] for r in evaluated] == steps
     for r in evaluated:
         assert 0.0 <= r["suite_math500"] <= 1.0 and 0.0 <= r["suite_aime24"] <= 1.0
         assert r["suite_average"] == (r["suite_math500"] + r["suite_aime24"]) / 2
-    best = json.loads((tmp_path / "run" / "best.json").read_text())
-    assert best["step"] == 2 or best["score"] > evaluated[0]["suite_math500"]  # the first, unless beaten
-    chosen = next(r for r in evaluated if r["step"] == best["step"])
-    assert (best["best_by"], best["score"], best["average"]) == ("math500", chosen["suite_math500"],
-                                                                 chosen["suite_average"])
-    kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
-    assert f"step-{best['step']:06d}" in kept and "step-000004" in kept  # the best survives keep=1
-    assert "suite" in capsys.readouterr().out
+    best = json.loads((run_dir / "best.json").read_text())
+    first_best = max(evaluated, key=lambda r: (r["suite_math500"], -r["step"]))  # the first of the best scores
+    assert best["step"] == first_best["step"]
+    assert (best["best_by"], best["score"], best["average"]) == ("math500", first_best["suite_math500"],
+                                                                 first_best["suite_average"])
+    kept = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert f"step-{best['step']:06d}" in kept and f"step-{last:06d}" in kept  # the best survives keep=1
