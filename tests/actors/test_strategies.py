@@ -31,7 +31,8 @@ OWN_METRICS = {"prefilter": "prefilter_admitted_share", "dynamic_sampling": "dyn
                "pcl_pipelined": "tau", "probe": "probe_estimate_mean"}
 
 
-# In the default suite: the multi-round and the pipelined paths (uniform and PCL run in tests/actors/test_pipeline.py);
+# In the default suite: the multi-round and the pipelined paths (PCL runs in tests/actors/test_pipeline.py, uniform and
+# PCL in tests/actors/test_local_parity.py);
 # the others in `make test-slow` (every strategy's step also runs on the loop's in-memory ports: tests/pcl/loop).
 DEFAULT_SUITE = {"dynamic_sampling", "pcl_pipelined"}
 
