@@ -4,22 +4,31 @@ renamed or removed."""
 
 from __future__ import annotations
 
+import ast
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "testing.md"
 
 
+def _marks_slow(node: ast.AST) -> bool:
+    return "mark.slow" in ast.unparse(node)
+
+
 def slow_tests() -> set[str]:
-    """`path::function` of each test that `pytest -m slow` collects (parameters dropped), from the files that mark any."""
-    files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py") if "mark.slow" in p.read_text())
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "slow", "-p", "no:cacheprovider",
-                          *files], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return {line.split("[")[0] for line in out.stdout.splitlines() if line.startswith("tests/") and "::" in line}
+    """`path::function` of each test marked `slow`, whole or in one of its parameters, read from the test files' syntax
+    (the module's `pytestmark`, a test's decorators, a `pytest.param(..., marks=pytest.mark.slow)`)."""
+    found = set()
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        whole = any(isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets)
+                    and _marks_slow(node.value) for node in tree.body)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_"):
+                if whole or any(_marks_slow(d) for d in node.decorator_list):
+                    found.add(f"{path.relative_to(REPO)}::{node.name}")
+    return found
 
 
 def test_every_slow_test_is_listed_with_what_covers_it():
