@@ -16,7 +16,7 @@ pcl_control_store_up 0); a read with no reading yet, and a mutation, wait up to 
 refused with 503 and Retry-After: a mutation is either recorded or refused, never half-done. /readyz is 503.
 
     GET  /v1/status        step, policy version, paused, tau, k, last step's metrics, queue depths, health
-    GET  /v1/history       per-step records for plots (?after=STEP&limit=N, N <= HISTORY_PAGE)
+    GET  /v1/history       per-step records for plots (?after=STEP&limit=N, N <= HISTORY_PAGE, about 1 MiB a page)
     GET  /v1/fields        the figures a step record declares (name, help, kind, label, title)
     GET  /v1/events        the event log (?after=ID&limit=N)
     POST /v1/pause         pause at the next step boundary          POST /v1/resume
@@ -53,7 +53,8 @@ from services.control.requests import ControlRequests
 from services.control.state import ControlConflict, ControlValueError
 
 DASHBOARD = Path(__file__).parent / "static" / "dashboard.html"
-HISTORY_PAGE = 1000  # step records per /v1/history response (about 1.5 MB of JSON); page on with ?after=
+HISTORY_PAGE = 1000  # step records per /v1/history response at the most; page on with ?after=
+HISTORY_PAGE_BYTES = 2**20  # and at most about this much JSON of them (a PCL step's record is 3 to 4 kB)
 STREAM_ID = r"^[0-9]{1,19}-[0-9]{1,19}$"  # each part below 2**64 - 1: Redis takes it, also as "(" + id
 
 
@@ -143,10 +144,12 @@ def history(
     limit: Annotated[int, Query(ge=1, le=HISTORY_PAGE)] = HISTORY_PAGE,
 ) -> dict:
     """Per-step records (every figure of the step record, nulls left out) with step > after, oldest first; at
-    most HISTORY_PAGE per call (ask again with after= the last step for more). While Redis is unreachable, the
-    last good answer to the same query, with `stale` set."""
-    records, stale = read(("history", after, limit), lambda: store.history(after, limit))
-    return {"records": records, "stale": stale}
+    most `limit` (HISTORY_PAGE) and about HISTORY_PAGE_BYTES of JSON per call; `more` is true while later records
+    remain (ask again with after= the last step). While Redis is unreachable, the last good answer to the same
+    query, with `stale` set."""
+    (records, more), stale = read(("history", after, limit),
+                                  lambda: store.history_page(after, limit, HISTORY_PAGE_BYTES))
+    return {"records": records, "more": more, "stale": stale}
 
 
 @reads.get("/fields")

@@ -54,6 +54,7 @@ STALE_DESCRIPTION = ("null while Redis answers; while it is unreachable (a resta
 
 class HistoryPage(BaseModel):
     records: list[dict[str, Any]] = Field(description="Step records, oldest first.")
+    more: bool = Field(False, description="Later records remain: ask again with after= the last record's step.")
     stale: StaleReading | None = Field(None, description=STALE_DESCRIPTION)
 
 

@@ -78,5 +78,17 @@ class ControlReader(ControlKeys):
         rows = self.client.zrangebyscore(self.history_key, f"({after_step}", "+inf", start=0, num=limit)
         return [json.loads(row) for row in rows]
 
+    def history_page(self, after_step: int, limit: int, max_bytes: int) -> tuple[list[dict], bool]:
+        """At most `limit` step records with step > after_step, oldest first, and no more of them than fit in
+        `max_bytes` of JSON (always one); and whether more follow."""
+        rows = self.client.zrangebyscore(self.history_key, f"({after_step}", "+inf", start=0, num=limit + 1)
+        kept, size = 0, 0
+        for row in rows[:limit]:
+            size += len(row.encode() if isinstance(row, str) else row) + 2  # the separator between records
+            if kept and size > max_bytes:
+                break
+            kept += 1
+        return [json.loads(row) for row in rows[:kept]], kept < len(rows)
+
     def totals(self) -> dict[str, float]:
         return {key: float(value) for key, value in self.client.hgetall(self.totals_key).items()}
