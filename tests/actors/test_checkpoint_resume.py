@@ -25,10 +25,21 @@ REPO = Path(__file__).resolve().parents[2]
 T = 3
 
 
-def pcl_train(run_dir: Path, *extra: str, t: int = T, **kwargs):
-    args = [sys.executable, "-m", "entrypoints.cli", "train", "configs/tiny.yaml", *FAST, f"run.steps={2 * t}",
+def train_args(run_dir: Path, *extra: str, t: int = T) -> list[str]:
+    return [sys.executable, "-m", "entrypoints.cli", "train", "configs/tiny.yaml", *FAST, f"run.steps={2 * t}",
             f"checkpoint.every={t}", "rollout.deterministic=true", "--run-dir", str(run_dir), *extra]
-    return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def pcl_train(run_dir: Path, *extra: str, t: int = T, **kwargs):
+    return subprocess.Popen(train_args(run_dir, *extra, t=t), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def pcl_train_to_end(run_dir: Path, *extra: str, t: int = T) -> str:
+    run = pcl_train(run_dir, *extra, t=t)
+    out, _ = run.communicate(timeout=600)
+    assert run.returncode == 0, out[-3000:]
+    return out
 
 
 def final_weights(run_dir: Path, t: int = T) -> dict:
@@ -40,10 +51,22 @@ def final_weights(run_dir: Path, t: int = T) -> dict:
 SPEED_CARRY = ("selection.type=speed", "selection.k=2", "selection.n_init=2", "selection.carry_over=true")
 
 
-# The default suite runs the short form (T=2, PCL: three `pcl train` runs of 4 steps); make test-slow runs T=3 with
-# PCL and with SPEED carrying screened prompts across the kill. `pcl chaos` kills the driver under load as well.
-def test_a_sigkilled_driver_resumes_every_step_once_to_the_same_prompts_and_weights(tiny_model, tmp_path):
-    sigkill_and_resume(tmp_path, (), t=2)
+# The default suite runs the short form (T=2, PCL): the straight run and the resume in this process on the suite's Ray
+# (`run_training`, as `pcl train` calls it), the killed run a `pcl train` process with its own Ray and Redis.
+# make test-slow runs T=3 with PCL and with SPEED carrying screened prompts across the kill, every run a `pcl train`
+# process. `pcl chaos` kills the driver under load as well.
+def test_a_sigkilled_driver_resumes_every_step_once_to_the_same_prompts_and_weights(tiny_model, ray_session, tmp_path,
+                                                                                     capsys):
+    from entrypoints.train import run_training
+    from pcl.config import load_config
+
+    def train_here(run_dir: Path, resume: str | None = None) -> str:
+        cfg = load_config("configs/tiny.yaml", train_args(run_dir, t=2)[5:-2])
+        assert run_training(cfg, run_dir=str(run_dir), resume=resume) == 0
+        return capsys.readouterr().out
+
+    sigkill_and_resume(tmp_path, (), t=2, straight=lambda run_dir: train_here(run_dir),
+                       resume=lambda run_dir: train_here(run_dir, resume=""))
 
 
 @pytest.mark.slow
@@ -52,13 +75,13 @@ def test_sigkilled_driver_resumes_to_the_same_prompts_and_weights(tiny_model, tm
     sigkill_and_resume(tmp_path, selection, t=T)
 
 
-def sigkill_and_resume(tmp_path: Path, selection: tuple[str, ...], t: int) -> None:
+def sigkill_and_resume(tmp_path: Path, selection: tuple[str, ...], t: int, straight=None, resume=None) -> None:
     """2t steps straight; the same run SIGKILLed (driver, its Ray, its Redis) once its step-t checkpoint is complete,
-    then `--resume` to 2t: every step once, exact batches, the same prompts at every step, equal final weights."""
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    run = pcl_train(straight, *selection, t=t)
-    out, _ = run.communicate(timeout=600)
-    assert run.returncode == 0, out[-3000:]
+    then `--resume` to 2t: every step once, exact batches, the same prompts at every step, equal final weights.
+    `straight(run_dir)` and `resume(run_dir)` run those two (each returns what it printed); by default each is a
+    `pcl train` process."""
+    straight_dir, resumed = tmp_path / "straight", tmp_path / "resumed"
+    (straight or (lambda run_dir: pcl_train_to_end(run_dir, *selection, t=t)))(straight_dir)
 
     # The same run, killed like a crashed machine while step t+1 is under way (its checkpoint at t is complete).
     # The kill follows the step-t checkpoint's COMPLETE marker within milliseconds, not the printed step line,
@@ -78,21 +101,19 @@ def sigkill_and_resume(tmp_path: Path, selection: tuple[str, ...], t: int) -> No
     assert (resumed / "checkpoints" / f"step-{t:06d}" / "COMPLETE").is_file()
     assert not (resumed / "checkpoints" / f"step-{2 * t:06d}").exists()
 
-    again = pcl_train(resumed, *selection, "--resume", t=t)
-    out, _ = again.communicate(timeout=600)
-    assert again.returncode == 0, out[-3000:]
+    out = (resume or (lambda run_dir: pcl_train_to_end(run_dir, *selection, "--resume", t=t)))(resumed)
     assert f"restored step {t} (policy version {t})" in out
 
-    expected = [json.loads(line) for line in (straight / "selections.jsonl").read_text().splitlines()]
+    expected = [json.loads(line) for line in (straight_dir / "selections.jsonl").read_text().splitlines()]
     got = [json.loads(line) for line in (resumed / "selections.jsonl").read_text().splitlines()]
     assert [s["step"] for s in got] == list(range(1, 2 * t + 1))
     assert got == expected  # the same prompt ids, in the same order, at every step
-    a, b = final_weights(straight, t), final_weights(resumed, t)
+    a, b = final_weights(straight_dir, t), final_weights(resumed, t)
     assert a.keys() == b.keys()
     worst = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
     assert worst <= 1e-6, worst
-    first = final_weights(straight, t)  # and training did move the weights: the comparison is not vacuous
-    initial = torch.load(straight / "checkpoints" / f"step-{t:06d}" / "learner.pt", weights_only=True)["model"]
+    first = final_weights(straight_dir, t)  # and training did move the weights: the comparison is not vacuous
+    initial = torch.load(straight_dir / "checkpoints" / f"step-{t:06d}" / "learner.pt", weights_only=True)["model"]
     assert max((first[k] - initial[k]).abs().max().item() for k in first) > 1e-6
     # The checkpoint's policy/ is a Hugging Face model holding exactly the learner's weights.
     from transformers import AutoModelForCausalLM
@@ -101,7 +122,7 @@ def sigkill_and_resume(tmp_path: Path, selection: tuple[str, ...], t: int) -> No
     hf_state = hf.state_dict()
     assert max((hf_state[k] - b[k]).abs().max().item() for k in b) == 0.0
     records = assert_each_step_once_and_exact_batches(resumed, 2 * t)
-    straight_records = assert_each_step_once_and_exact_batches(straight, 2 * t)
+    straight_records = assert_each_step_once_and_exact_batches(straight_dir, 2 * t)
     assert [r["train_reward_mean"] for r in records] == [r["train_reward_mean"] for r in straight_records]
     assert M * N == records[0]["batch_samples"]
     if selection:  # the resumed step continued prompts screened before the kill
