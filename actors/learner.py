@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import ray
 
-from actors.runtime import gather, in_bundle, init_actor_process
+from actors.runtime import gather, heartbeat, in_bundle, init_actor_process
 from pcl.loop.batch import shard_sequences
 
 if TYPE_CHECKING:
@@ -29,10 +29,12 @@ class LearnerLost(RuntimeError):
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class LearnerRank:
-    def __init__(self, rank: int, world_size: int, threads: int = 1):
+    def __init__(self, rank: int, world_size: int, threads: int = 1, registry=None):
+        """registry: where the run's actors beat their heartbeats (`services.incarnations.Registry`), or None."""
         init_actor_process(threads)
         self.rank, self.world_size = rank, world_size
         self.learner = None
+        self.heartbeat = heartbeat(registry, "learner", f"learner-{rank}")
 
     def address(self) -> tuple[str, int]:
         """An address and free port on this node for the process group's rendezvous (asked of rank 0)."""
@@ -112,12 +114,12 @@ class LearnerGroup:
 
     @classmethod
     def create(cls, cfg: LearnerConfig, optimizer: OptimizerConfig, model: ModelConfig, seed: int,
-               placement=None) -> "LearnerGroup":
+               placement=None, registry=None) -> "LearnerGroup":
         """cfg.num_ranks ranks placed by the `learner` section (GPUs, resources), rank r in bundle r of the
         placement group `placement` when given, each training the policy at model.path (a local directory) in
-        model.dtype with the `optimizer` section."""
+        model.dtype with the `optimizer` section, and beating its heartbeat in `registry` when given."""
         ranks = [LearnerRank.options(num_gpus=cfg.num_gpus_per_rank, resources=cfg.resources or None,
-                                     **in_bundle(placement, r)).remote(r, cfg.num_ranks)
+                                     **in_bundle(placement, r)).remote(r, cfg.num_ranks, registry=registry)
                  for r in range(cfg.num_ranks)]
         master = ray.get(ranks[0].address.remote(), timeout=cfg.timeout_s)
         backend = cfg.backend

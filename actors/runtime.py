@@ -1,5 +1,6 @@
-"""Process set-up shared by the actors (torch thread counts and quiet logging), and Ray's start-up for every driver
-(`pcl train`, `pcl experiment`, the benches, the tests): `start_ray()` connects to RAY_ADDRESS or starts a local Ray.
+"""Process set-up shared by the actors (torch thread counts and quiet logging, the heartbeat naming the actor's role,
+instance, incarnation and node: `heartbeat`), and Ray's start-up for every driver (`pcl train`, `pcl experiment`,
+the benches, the tests): `start_ray()` connects to RAY_ADDRESS or starts a local Ray.
 
 On the embedded default many actors share two cores, so each pins torch to a small thread pool; on a GPU
 node the count comes from the actor's CPU reservation instead.
@@ -32,6 +33,26 @@ def quiet_libraries() -> None:
         transformers.logging.disable_progress_bar()
     except ImportError:  # pragma: no cover - transformers is a hard dependency
         pass
+
+
+def heartbeat(registry, role: str, instance: str):
+    """Start this actor process's heartbeat in its run's incarnation registry (`services.incarnations.Registry`: the
+    run's Redis and name), naming the Ray node it runs on; None without a registry (an actor started outside a run)."""
+    if registry is None:
+        return None
+    from services.redis_server import make_client
+
+    return beat_with(make_client(registry.redis_url), registry.run, role, instance)
+
+
+def beat_with(client, run: str, role: str, instance: str):
+    """`heartbeat` on a Redis client the actor already has."""
+    import ray
+
+    from services.incarnations import Heartbeat, Identity
+
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    return Heartbeat(client, run, Identity(role, instance, node)).start()
 
 
 # Ray's own growth over a run of days, bounded where this process starts a local Ray (a cluster's nodes take these
@@ -96,11 +117,16 @@ def gather(refs: list, timeout_s: float, what: str) -> list:
 class ServingThread:
     """A worker actor's serving loop (`services.streams.workers.serve_forever`) in a daemon thread, which can be
     stopped and made anew: `quiesce` stops it (the pass under way ends first) and readies a new, unstarted one that
-    `start` starts (a restart of the run from a checkpoint that keeps the actor)."""
+    `start` starts (a restart of the run from a checkpoint that keeps the actor). The actor's heartbeat beats from
+    its construction to `shutdown` (role and run from `name`, "rollout-1", and the stream the loop takes from)."""
 
     def __init__(self, service, name: str, **kwargs):
+        from services.streams.topology import run_of
+
         self.service, self.name, self.kwargs = service, name, kwargs
         self._renew()
+        taken = getattr(service, "requests", None) or service.results  # rollout: requests; verifier: results
+        self.heartbeat = beat_with(taken.client, run_of(taken.stream), name.rsplit("-", 1)[0], name)
 
     def _renew(self) -> None:
         from services.streams.workers import serve_forever
@@ -135,3 +161,4 @@ class ServingThread:
         self.stop.set()
         if self.started:
             self.thread.join(timeout=wait_s)
+        self.heartbeat.stop()

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 import ray
 
-from actors.runtime import gather, in_bundle, init_actor_process
+from actors.runtime import gather, heartbeat, in_bundle, init_actor_process
 from pcl.checkpoint_store import latest
 from pcl.config import ValueModelConfig
 from pcl.engines.base import check_prompts
@@ -54,9 +54,10 @@ def _shares(items: Sequence, parts: int) -> list[list]:
 class ValueRank:
     """Rank r >= 1 of a sharded V; started, called and owned by the ValueScorerActor (rank 0)."""
 
-    def __init__(self, threads: int = 1):
+    def __init__(self, threads: int = 1, registry=None, rank: int = 1):
         init_actor_process(threads)
         self.trainer = None
+        self.heartbeat = heartbeat(registry, "scorer", f"scorer-{rank}")
 
     def setup(self, cfg: ValueModelConfig, model_path: str, device: str, seed: int, rank: int, world_size: int,
               master: tuple[str, int], timeout_s: float) -> bool:
@@ -74,12 +75,15 @@ class ValueRank:
 class ValueScorerActor:
     def __init__(self, cfg: ValueModelConfig, model_path: str, device: str, seed: int, threads: int = 1,
                  checkpoints: str | None = None, num_gpus: float = 0.0, timeout_s: float = 1800.0,
-                 placement=None):
-        """placement: V's placement group (this actor in bundle 0, rank r in bundle r), or None."""
+                 placement=None, registry=None):
+        """placement: V's placement group (this actor in bundle 0, rank r in bundle r), or None; registry: where
+        the run's actors beat their heartbeats (`services.incarnations.Registry`), or None."""
         init_actor_process(threads)
+        self.heartbeat = heartbeat(registry, "scorer", "scorer-0")
         self.timeout_s, world_size = timeout_s, cfg.num_ranks
         self.peers = [ValueRank.options(num_gpus=num_gpus, resources=cfg.resources or None,
-                                        **in_bundle(placement, r)).remote(threads) for r in range(1, world_size)]
+                                        **in_bundle(placement, r)).remote(threads, registry, r)
+                      for r in range(1, world_size)]
         master = None
         if self.peers:
             with socket.socket() as s:  # rank 0 (this process) hosts the process group's rendezvous

@@ -241,8 +241,13 @@ def control_snapshot(checkpoint: Path | None) -> dict | None:
 
 def driver_control(cfg: Config, prep: Prepared, redis, fresh: bool):
     """The run's control state on its Redis (reset for a fresh run; a resumed one's kept, or taken from the
-    checkpoint's snapshot) and, with control.enabled, the control plane serving it (`services.control.server`)."""
+    checkpoint's snapshot) and, with control.enabled, the control plane serving it (`services.control.server`). A
+    fresh run also starts its actors' incarnation registry anew (`services.incarnations`; kept across restarts)."""
     from services.control.server import DriverControl
+    from services.incarnations import clear_incarnations
+
+    if fresh:
+        clear_incarnations(redis.client(), cfg.run.name)
 
     return DriverControl(cfg, redis.url, prep.run_dir, k_max=len(prep.train_prompts) // cfg.run.m, fresh=fresh,
                          tools_url=redis.tcp_url, snapshot=control_snapshot(prep.checkpoint),

@@ -14,20 +14,22 @@ from pathlib import Path
 from pcl.config import Config
 from pcl.tools.chaos_checks import (Check, check_batches, check_steps, check_streams, check_trackers,
                                     check_versions)
+from pcl.tools.partition_checks import check_incarnations, expected_instances
 
 
 def run_checks(cfg: Config, reading) -> list[Check]:
-    """steps, batches, versions, trackers and streams (pcl/tools/chaos_checks.py) over `reading`
-    (`entrypoints.chaos.final.RunReading`)."""
+    """steps, batches, versions, trackers and streams (pcl/tools/chaos_checks.py), and incarnations
+    (pcl/tools/partition_checks.py) over `reading` (`entrypoints.chaos.final.RunReading`)."""
     steps, m, n = cfg.run.steps, cfg.run.m, cfg.run.n
     checks = [check_steps(reading.metrics, reading.selections, steps),
               check_batches(reading.metrics, reading.selections, m, n),
               check_versions(reading.selections, cfg.run.max_staleness),
               check_trackers(reading.trackers, steps)]
     if reading.streams is None:
-        checks.append(Check("streams", None, reading.redis_error))
+        checks += [Check("streams", None, reading.redis_error), Check("incarnations", None, reading.redis_error)]
     else:
         checks.append(check_streams(reading.streams, reading.dead))
+        checks.append(check_incarnations(reading.incarnations or [], expected_instances(cfg)))
     return checks
 
 

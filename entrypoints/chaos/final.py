@@ -5,6 +5,7 @@ another way of running (a deployment with its own Redis) reads its run the same 
 
     with run_redis(cfg, run_dir) as client:                  # the Redis the run used (below)
         streams, dead = read_streams(client, "chaos")
+        incarnations = read_incarnations(client, "chaos")     # services/incarnations.py: the actors' heartbeats
     streams, dead = read_redis(run_dir / "redis", "chaos")   # the embedded server started again on its data
     metrics, selections = read_records(run_dir)
     reading = read_run(cfg, run_dir)                           # all of the above that the invariants read
@@ -139,6 +140,7 @@ class RunReading:
     trackers: dict[str, list[int]] | None  # read_tracker_steps
     streams: dict[str, dict] | None = None  # read_streams; None when the run's Redis could not be read
     dead: list[dict] = field(default_factory=list)  # the dead letters
+    incarnations: list[dict] | None = None  # the actors' incarnation registry (services/incarnations.py)
     redis_error: str = ""  # why the run's Redis could not be read
 
 
@@ -147,11 +149,14 @@ def read_run(cfg, run_dir: Path) -> RunReading:
     holds (`run_redis`: a deployment's at redis.url, or the embedded one's data directory)."""
     import redis
 
+    from services.incarnations import read_incarnations
+
     metrics, selections = read_records(run_dir)
     reading = RunReading(metrics, selections, read_tracker_steps(run_dir))
     try:
         with run_redis(cfg, run_dir) as client:
             reading.streams, reading.dead = read_streams(client, cfg.run.name)
+            reading.incarnations = read_incarnations(client, cfg.run.name)
     except (FileNotFoundError, redis.RedisError) as exc:
         reading.redis_error = f"the run's Redis could not be read: {exc}"
     return reading

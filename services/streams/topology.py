@@ -71,6 +71,14 @@ def stream_key(run: str, name: str) -> str:
     return f"pcl:{run}:{declared(name).name}"
 
 
+def run_of(key: str) -> str:
+    """The run a stream key belongs to: the inverse of `stream_key` (pcl:{run}:{name} -> run)."""
+    prefix, _, name = key.rpartition(":")
+    if not prefix.startswith("pcl:") or name not in TOPOLOGY:
+        raise ValueError(f"{key!r} is not the key of a declared stream, pcl:{{run}}:{{name}}")
+    return prefix[len("pcl:"):]
+
+
 def streams_of(role: str) -> tuple[Stream, ...]:
     """The streams `role` writes, takes from or reads back, in declaration order."""
     if role not in ROLES:
