@@ -14,11 +14,11 @@ from pathlib import Path
 from pcl.config import Config
 from pcl.tools.chaos_checks import (Check, check_batches, check_steps, check_streams, check_trackers,
                                     check_versions)
-from pcl.tools.partition_checks import check_incarnations, expected_instances
+from pcl.tools.partition_checks import check_incarnations, check_stale_results, expected_instances
 
 
 def run_checks(cfg: Config, reading) -> list[Check]:
-    """steps, batches, versions, trackers and streams (pcl/tools/chaos_checks.py), and incarnations
+    """steps, batches, versions, trackers and streams (pcl/tools/chaos_checks.py), incarnations and stale results
     (pcl/tools/partition_checks.py) over `reading` (`entrypoints.chaos.final.RunReading`)."""
     steps, m, n = cfg.run.steps, cfg.run.m, cfg.run.n
     checks = [check_steps(reading.metrics, reading.selections, steps),
@@ -30,6 +30,7 @@ def run_checks(cfg: Config, reading) -> list[Check]:
     else:
         checks.append(check_streams(reading.streams, reading.dead))
         checks.append(check_incarnations(reading.incarnations or [], expected_instances(cfg)))
+    checks.append(check_stale_results(reading.metrics, reading.incarnations or []))
     return checks
 
 

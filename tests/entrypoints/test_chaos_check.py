@@ -24,7 +24,8 @@ def write_records(run_dir: Path) -> None:
 
     run_dir.mkdir(parents=True, exist_ok=True)
     metrics = [{"step": s, "policy_version": s, "effective_ratio": 0.5, "batch_samples": M * N,
-                "batch_unique_samples": M * N} for s in range(1, STEPS + 1)]
+                "batch_unique_samples": M * N, "dropped_stale_by_producer": {"rollout-1@old": s}}
+               for s in range(1, STEPS + 1)]
     selections = [{"step": s, "ids": [f"p{s}-{i}" for i in range(M)], "samples": [list(range(N))] * M,
                    "versions": [[s - 1] * N] * M} for s in range(1, STEPS + 1)]
     for name, lines in (("metrics.jsonl", metrics), ("selections.jsonl", selections)):
@@ -47,7 +48,9 @@ def test_a_run_that_left_no_redis_has_its_streams_check_skipped_which_does_not_p
     cfg = config("nothing", monkeypatch=monkeypatch)
     checks = {c.name: c for c in run_checks(cfg, read_run(cfg, tmp_path / "run"))}
     assert checks["streams"].ok is None and "no Redis data directory" in checks["streams"].detail
-    assert all(checks[name].ok for name in ("steps", "batches", "versions", "trackers")), checks
+    assert checks["incarnations"].ok is None  # read from the same Redis
+    assert all(checks[name].ok for name in ("steps", "batches", "versions", "trackers", "stale results")), checks
+    assert checks["stale results"].detail == "2 results dropped as stale: by node ? 2; by producer rollout-1@old 2"
     assert check_run(cfg, tmp_path / "run") == 1
     assert "SKIP streams" in capsys.readouterr().out
 
@@ -56,6 +59,8 @@ def test_a_run_that_left_no_redis_has_its_streams_check_skipped_which_does_not_p
 def test_a_deployments_run_is_checked_from_its_own_redis_which_is_read_where_it_is(tmp_path, capsys):
     """A run whose Redis is external: the streams are read from the server at redis.url (no RUN_DIR/redis, no
     server started for the reading), which keeps serving after it. A pending entry left there fails the check."""
+    from pcl.tools.partition_checks import expected_instances
+    from services.incarnations import Heartbeat, Identity
     from services.redis_server import start_embedded
     from services.streams.topology import STREAMS, open_queue
     from tests.services.test_queues import request
@@ -70,8 +75,12 @@ def test_a_deployments_run_is_checked_from_its_own_redis_which_is_read_where_it_
             queue.put([request(f"p{i}") for i in range(3)])
             queue.ack(queue.take(10))
             queue.trim_committed()
+        for instance in sorted(expected_instances(cfg)):  # every actor beat, once
+            identity = Identity(instance.split("-")[0], instance, host="node-b", incarnation="old")
+            assert Heartbeat(deployment.client(), run, identity).beat() is not None
         code, out = check_run(cfg, tmp_path / "run"), capsys.readouterr().out
         assert code == 0 and "PASS streams" in out and "result: PASS" in out, out
+        assert "PASS stale results: 2 results dropped as stale: by node node-b 2" in out  # the registry's host
         assert not (tmp_path / "run" / "redis").exists() and deployment.client().ping()
 
         queues["rewards"].put([request("late")])

@@ -4,7 +4,8 @@ one thing it checks."""
 from __future__ import annotations
 
 from pcl.config import load_config
-from pcl.tools.partition_checks import check_incarnations, expected_instances, overlaps
+from pcl.tools.partition_checks import (check_incarnations, check_stale_results, expected_instances, overlaps,
+                                        stale_by_node)
 
 
 def incarnation(instance: str, incarnation: str, first_ms: int, last_ms: int, host: str = "h") -> dict:
@@ -48,3 +49,29 @@ def test_beats_within_one_millisecond_of_a_handover_are_no_overlap():
     """The server's clock counts milliseconds: a last beat and the next process's first in the same one are a
     handover (a new process is up seconds after the old one's death, never within the millisecond)."""
     assert not overlaps([incarnation("learner-0", "a", 0, 5_000), incarnation("learner-0", "b", 5_000, 6_000)])
+
+
+def step(s: int, stale: dict | None) -> dict:
+    line = {"step": s, "effective_ratio": 0.5}
+    if stale is not None:
+        line["dropped_stale_by_producer"] = stale
+    return line
+
+
+def test_stale_results_are_reported_by_the_node_of_the_incarnation_that_produced_them():
+    registry = [incarnation("rollout-1", "aa", 0, 9, host="node-a"), incarnation("rollout-1", "bb", 10, 20, "node-b")]
+    lines = [step(1, {}), step(2, {"rollout-1@aa": 3}), step(3, {"rollout-1@aa": 3, "rollout-1@bb": 1}),
+             {"step": 3, "eval_accuracy": 0.5}]
+    check = check_stale_results(lines, registry)
+    assert check.ok, check.detail
+    assert check.detail == ("4 results dropped as stale: by node node-a 3, node-b 1; by producer rollout-1@aa 3, "
+                            "rollout-1@bb 1")
+    assert stale_by_node({"rollout-1@gone": 2, "?@?": 1}, registry) == {"?": 3}  # no such incarnation: unknown
+
+
+def test_stale_results_fail_without_records_unrecorded_or_a_count_that_went_back():
+    assert check_stale_results([], []).ok is False
+    unrecorded = check_stale_results([step(1, {}), step(2, None)], [])
+    assert unrecorded.ok is False and "steps 2" in unrecorded.detail
+    back = check_stale_results([step(1, {"rollout-0@aa": 2}), step(2, {"rollout-0@aa": 1})], [])
+    assert back.ok is False and "step 2: the count went back for rollout-0@aa" in back.detail
