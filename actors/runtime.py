@@ -67,10 +67,13 @@ RAY_LIMITS = {"RAY_task_events_max_num_task_in_gcs": "10000", "RAY_ROTATION_MAX_
               "RAY_ROTATION_BACKUP_COUNT": "2"}
 
 
-def start_ray() -> bool:
-    """Connect to the cluster in RAY_ADDRESS, or start a local Ray (its growth bounded: RAY_LIMITS); returns whether
-    we started it."""
+def start_ray(settings=None) -> bool:
+    """Connect to the cluster in RAY_ADDRESS, or start a local Ray (its growth bounded: RAY_LIMITS; its health checks
+    and head timeout from `settings`, the run config's `ray` section, Ray's defaults when None); returns whether we
+    started it. A cluster's nodes take those from their own environment (`RayConfig.ray_start_env`)."""
     import ray
+
+    from pcl.config_ray import RayConfig
 
     if ray.is_initialized():
         return False
@@ -83,7 +86,7 @@ def start_ray() -> bool:
         return False
     for key, value in RAY_LIMITS.items():  # read by Ray's processes as they start, workers included
         os.environ.setdefault(key, value)
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), **quiet)
+    ray.init(num_cpus=max(2, os.cpu_count() or 2), _system_config=(settings or RayConfig()).system_config(), **quiet)
     return True
 
 

@@ -42,18 +42,19 @@ class Fleet:
     handles: FleetHandles
     placement: "Placement | None" = None
 
-    def salvage(self, cfg: Config, wait_s: float = 20.0) -> "Fleet":
+    def salvage(self, cfg: Config, wait_s: float | None = None) -> "Fleet":
         """After a failure, before a restart from a checkpoint: the actors that can go on, the rest killed. Rollout
         workers and verifiers stop their serving loops (nothing of the failed attempt is written after the
         streams are purged; a worker Ray is restarting is kept once it is up); the learner ranks, V and the
-        sampler must answer a ping within `wait_s` (a rank stuck in a collective with a lost peer does not). The
-        coordinator is always killed. Returns a Fleet of the kept handles (None where one is lost) and the
+        sampler must answer a ping within `wait_s` (checkpoint.restart_wait_s; a rank stuck in a collective with a
+        lost peer does not). The coordinator is always killed. Returns a Fleet of the kept handles (None where one is lost) and the
         placement groups, for `start_fleet(kept=...)`."""
         h, actors = self.handles, self.handles.named()
         if self.coordinator is not None:
             ray.kill(self.coordinator, no_restart=True)
         serving = ("rollout-", "verifier-")
         calls = {name: (a.quiesce if name.startswith(serving) else a.ping).remote() for name, a in actors.items()}
+        wait_s = wait_s or cfg.checkpoint.restart_wait_s
         lost = {name for name, ok in zip(calls, _answers(list(calls.values()), wait_s)) if not ok}  # asked at once
         ranks = {name for name in actors if name.startswith("learner-")}
         if cfg.rollout.weight_sync == "collective":  # learner and workers share a weight group
@@ -237,8 +238,10 @@ def _start_actors(cfg: Config, prep, redis_url: str, placement: Placement, h: Fl
                                             **restart_options(cfg.rollout.deterministic)).remote(
             cfg.value, prep.value_path, "cuda" if gpus > 0 else "cpu", seed,
             checkpoints=str(prep.run_dir / "checkpoints"), num_gpus=gpus, timeout_s=cfg.learner.timeout_s,
-            placement=placement.groups["value"], registry=registry)
-    wait_while_full(lambda: publish_answers(redis_url, run, prep.answers), "the gold answers")  # one transaction
+            placement=placement.groups["value"], registry=registry,
+            collective_timeout_s=cfg.learner.collective_timeout_s, ping_timeout_s=cfg.learner.ping_timeout_s)
+    wait_while_full(lambda: publish_answers(redis_url, run, prep.answers), "the gold answers",  # one transaction
+                    cfg.redis.full_timeout_s)
     kept_verifiers = [v for v in h.verifiers if v is not None]
     h.verifiers = [v if v is not None else RewardVerifier.options(resources=cfg.verifier.resources or None).remote(
         cfg.verifier, cfg.redis, cfg.run, redis_url, i) for i, v in enumerate(h.verifiers)]

@@ -353,7 +353,7 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     try:
         # Control state in Redis (reset for a fresh run) and, with control.enabled, the control plane.
         control = driver_control(cfg, prep, redis, fresh=resume is None)
-        own_ray = start_ray()
+        own_ray = start_ray(cfg.ray)  # the `ray` section: a local Ray's health checks (a cluster's: its nodes')
         while True:
             keep_redis()
             purge_streams(redis.url, cfg.run.name)  # nothing in flight from an earlier attempt is collected
