@@ -60,8 +60,9 @@ class ValueRank:
         self.heartbeat = heartbeat(registry, "scorer", f"scorer-{rank}")
 
     def setup(self, cfg: ValueModelConfig, model_path: str, device: str, seed: int, rank: int, world_size: int,
-              master: tuple[str, int], timeout_s: float) -> bool:
-        self.trainer = build_value_trainer(cfg, model_path, device, seed, rank, world_size, master, timeout_s)
+              master: tuple[str, int], collective_timeout_s: float) -> bool:
+        self.trainer = build_value_trainer(cfg, model_path, device, seed, rank, world_size, master,
+                                           collective_timeout_s)
         return True
 
     def call(self, method: str, *args) -> Any:

@@ -47,8 +47,8 @@ class Fleet:
         workers and verifiers stop their serving loops (nothing of the failed attempt is written after the
         streams are purged; a worker Ray is restarting is kept once it is up); the learner ranks, V and the
         sampler must answer a ping within `wait_s` (checkpoint.restart_wait_s; a rank stuck in a collective with a
-        lost peer does not). The coordinator is always killed. Returns a Fleet of the kept handles (None where one is lost) and the
-        placement groups, for `start_fleet(kept=...)`."""
+        lost peer does not). The coordinator is always killed. Returns a Fleet of the kept handles (None where one
+        is lost) and the placement groups, for `start_fleet(kept=...)`."""
         h, actors = self.handles, self.handles.named()
         if self.coordinator is not None:
             ray.kill(self.coordinator, no_restart=True)

@@ -34,7 +34,8 @@ class RayConfig(Section):
         a node, waits for the answer up to the timeout, and checks again a period after that answer: a node that
         refuses at once (its raylet gone, the host up) fails threshold checks a period apart; one that does not
         answer (frozen, cut off, powered off) fails threshold checks of a timeout each, a period apart."""
-        n, period, timeout = self.health_check_failure_threshold, self.health_check_period_s, self.health_check_timeout_s
+        n = self.health_check_failure_threshold
+        period, timeout = self.health_check_period_s, self.health_check_timeout_s
         return n * period, n * timeout + (n - 1) * period
 
     def system_config(self) -> dict[str, int]:

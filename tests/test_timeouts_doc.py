@@ -49,7 +49,8 @@ def test_every_setting_in_the_table_exists_with_the_default_it_gives():
         if cell == "null":
             assert default is None, (key, default)
         else:
-            assert default is not None and float(cell) == float(default), f"{key}: the table says {cell}, the schema {default}"
+            assert default is not None and float(cell) == float(default), (
+                f"{key}: the table says {cell}, the schema {default}")
 
 
 def test_every_setting_that_decides_something_is_lost_has_its_row():

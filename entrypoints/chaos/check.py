@@ -41,7 +41,8 @@ def check_run(cfg: Config, run_dir: str | Path) -> int:
 
     run_dir = Path(run_dir)
     checks = run_checks(cfg, read_run(cfg, run_dir))
-    where = f"its Redis at {masked(cfg.redis.url)}" if cfg.redis.url else f"its embedded Redis' data in {run_dir / 'redis'}"
+    where = (f"its Redis at {masked(cfg.redis.url)}" if cfg.redis.url
+             else f"its embedded Redis' data in {run_dir / 'redis'}")
     print(f"pcl chaos-check: run {cfg.run.name!r} in {run_dir}, {where}")
     for check in checks:
         print(f"  {check.status} {check.name}: {check.detail}")
