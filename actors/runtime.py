@@ -55,6 +55,16 @@ def beat_with(client, run: str, role: str, instance: str):
     return Heartbeat(client, run, Identity(role, instance, node)).start()
 
 
+def serving_heartbeat(service, name: str):
+    """The heartbeat of a worker actor that serves a stream (`ServingThread`): its role and instance from `name`
+    ("rollout-1"), its run and Redis from the stream its loop takes from (a rollout worker's requests, a
+    verifier's results)."""
+    from services.streams.topology import run_of
+
+    taken = getattr(service, "requests", None) or service.results
+    return beat_with(taken.client, run_of(taken.stream), name.rsplit("-", 1)[0], name)
+
+
 # Ray's own growth over a run of days, bounded where this process starts a local Ray (a cluster's nodes take these
 # from their own environment: docs/operations.md, "Long runs"); a value already in the environment wins.
 # - task events the GCS keeps for the state API and the dashboard (Ray's default: 100,000 tasks, about as many as
@@ -120,16 +130,12 @@ def gather(refs: list, timeout_s: float, what: str) -> list:
 class ServingThread:
     """A worker actor's serving loop (`services.streams.workers.serve_forever`) in a daemon thread, which can be
     stopped and made anew: `quiesce` stops it (the pass under way ends first) and readies a new, unstarted one that
-    `start` starts (a restart of the run from a checkpoint that keeps the actor). The actor's heartbeat beats from
-    its construction to `shutdown` (role and run from `name`, "rollout-1", and the stream the loop takes from)."""
+    `start` starts (a restart of the run from a checkpoint that keeps the actor)."""
 
     def __init__(self, service, name: str, **kwargs):
-        from services.streams.topology import run_of
-
         self.service, self.name, self.kwargs = service, name, kwargs
         self._renew()
-        taken = getattr(service, "requests", None) or service.results  # rollout: requests; verifier: results
-        self.heartbeat = beat_with(taken.client, run_of(taken.stream), name.rsplit("-", 1)[0], name)
+        self.heartbeat = serving_heartbeat(service, name)  # from here to `shutdown`
 
     def _renew(self) -> None:
         from services.streams.workers import serve_forever
