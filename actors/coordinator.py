@@ -18,6 +18,7 @@ from typing import Any
 import ray
 
 from actors.handles import FleetHandles
+from actors.runtime import heartbeat
 from actors.ports import ActorScorer, FleetLearner, SamplerPrompts, StreamRollouts, state_bytes_estimate
 from pcl.config import Config
 from pcl.data.prompts import PromptRecord
@@ -32,8 +33,10 @@ class Coordinator:
                  suite: dict[str, list[PromptRecord]] | None = None):
         from services.streams.rollout_client import RolloutClient  # noqa: PLC0415 - keeps redis out of import time
         from services.control.run import RunControl  # noqa: PLC0415
+        from services.incarnations import Registry  # noqa: PLC0415
 
         cfg = Config.model_validate(cfg)
+        self.heartbeat = heartbeat(Registry(fleet.redis_url, cfg.run.name), "coordinator", "coordinator")
         timeout_s = cfg.learner.timeout_s  # no remote call waits longer
         learner = FleetLearner(cfg, fleet.learners, fleet.rollout_workers, fleet.policy_path)
         client = RolloutClient(cfg, fleet.redis_url, live_workers=learner.live_workers)

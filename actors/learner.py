@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import ray
 
-from actors.runtime import gather, in_bundle, init_actor_process
+from actors.runtime import gather, heartbeat, in_bundle, init_actor_process
 from pcl.loop.batch import shard_sequences
 
 if TYPE_CHECKING:
@@ -29,10 +29,12 @@ class LearnerLost(RuntimeError):
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class LearnerRank:
-    def __init__(self, rank: int, world_size: int, threads: int = 1):
+    def __init__(self, rank: int, world_size: int, threads: int = 1, registry=None):
+        """registry: where the run's actors beat their heartbeats (`services.incarnations.Registry`), or None."""
         init_actor_process(threads)
         self.rank, self.world_size = rank, world_size
         self.learner = None
+        self.heartbeat = heartbeat(registry, "learner", f"learner-{rank}")
 
     def address(self) -> tuple[str, int]:
         """An address and free port on this node for the process group's rendezvous (asked of rank 0)."""
@@ -47,7 +49,8 @@ class LearnerRank:
         model.path, with the `learner` and `optimizer` sections."""
         from pcl.models.learner import init_process_group, learner_for_run
 
-        init_process_group(backend, f"tcp://{master[0]}:{master[1]}", self.rank, self.world_size)
+        init_process_group(backend, f"tcp://{master[0]}:{master[1]}", self.rank, self.world_size,
+                           timeout_s=cfg.collective_timeout_s)
         device = "cuda" if cfg.num_gpus_per_rank > 0 else "cpu"
         self.learner = learner_for_run(cfg, optimizer, model, seed, device, self.rank, self.world_size)
         return True
@@ -107,17 +110,17 @@ class LearnerRank:
 class LearnerGroup:
     """Driver-side handle on the M learner ranks; every call reaches all ranks (they share collectives)."""
 
-    def __init__(self, ranks: list, timeout_s: float):
-        self.ranks, self.timeout_s = ranks, timeout_s
+    def __init__(self, ranks: list, timeout_s: float, ping_timeout_s: float = 10.0):
+        self.ranks, self.timeout_s, self.ping_timeout_s = ranks, timeout_s, ping_timeout_s
 
     @classmethod
     def create(cls, cfg: LearnerConfig, optimizer: OptimizerConfig, model: ModelConfig, seed: int,
-               placement=None) -> "LearnerGroup":
+               placement=None, registry=None) -> "LearnerGroup":
         """cfg.num_ranks ranks placed by the `learner` section (GPUs, resources), rank r in bundle r of the
         placement group `placement` when given, each training the policy at model.path (a local directory) in
-        model.dtype with the `optimizer` section."""
+        model.dtype with the `optimizer` section, and beating its heartbeat in `registry` when given."""
         ranks = [LearnerRank.options(num_gpus=cfg.num_gpus_per_rank, resources=cfg.resources or None,
-                                     **in_bundle(placement, r)).remote(r, cfg.num_ranks)
+                                     **in_bundle(placement, r)).remote(r, cfg.num_ranks, registry=registry)
                  for r in range(cfg.num_ranks)]
         master = ray.get(ranks[0].address.remote(), timeout=cfg.timeout_s)
         backend = cfg.backend
@@ -125,7 +128,7 @@ class LearnerGroup:
             backend = "nccl" if cfg.num_gpus_per_rank > 0 else "gloo"
         gather([r.setup.remote(master, backend, cfg, optimizer, model, seed) for r in ranks], cfg.timeout_s,
                "learner set-up")
-        return cls(ranks, cfg.timeout_s)
+        return cls(ranks, cfg.timeout_s, cfg.ping_timeout_s)
 
     def train(self, sequences: Sequence[dict], global_count: int) -> dict[str, float]:
         """One optimizer step over the whole batch; returns rank 0's stats with the step's wall time."""
@@ -164,9 +167,10 @@ class LearnerGroup:
                 raise LearnerLost(f"{what}: learner rank(s) {dead} died; the group must restart") from exc
             raise
 
-    def dead_ranks(self, timeout_s: float = 10.0) -> list[int]:
+    def dead_ranks(self, timeout_s: float | None = None) -> list[int]:
+        """The ranks that do not answer a ping within timeout_s (learner.ping_timeout_s), or whose call fails."""
         pings = [r.ping.remote() for r in self.ranks]
-        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout_s)
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout_s or self.ping_timeout_s)
         dead = []
         for i, ref in enumerate(pings):
             try:

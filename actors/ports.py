@@ -173,7 +173,8 @@ class StreamRollouts:
     def state_dict(self) -> dict[str, Any]:
         return {
             "worker_reloads": self.fleet.worker_reloads,
-            "rollout_counters": {"dropped": dict(self.client.dropped), "totals": dict(self.client.totals)},
+            "rollout_counters": {"dropped": dict(self.client.dropped), "totals": dict(self.client.totals),
+                                 "stale_by_producer": dict(self.client.stale_by_producer)},
             "engines": gather([w.rng_state.remote() for w in self.fleet.workers], self.timeout_s,
                               "rollout engine state"),
         }
@@ -181,6 +182,7 @@ class StreamRollouts:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.fleet.worker_reloads = int(state.get("worker_reloads", 0))
         self.client.dropped.update(state["rollout_counters"]["dropped"])
+        self.client.stale_by_producer.update(state["rollout_counters"].get("stale_by_producer", {}))
         self.client.totals.update(state["rollout_counters"]["totals"])
         workers = self.fleet.workers
         if len(state["engines"]) == len(workers):

@@ -1,5 +1,6 @@
-"""Process set-up shared by the actors (torch thread counts and quiet logging), and Ray's start-up for every driver
-(`pcl train`, `pcl experiment`, the benches, the tests): `start_ray()` connects to RAY_ADDRESS or starts a local Ray.
+"""Process set-up shared by the actors (torch thread counts and quiet logging, the heartbeat naming the actor's role,
+instance, incarnation and node: `heartbeat`), and Ray's start-up for every driver (`pcl train`, `pcl experiment`,
+the benches, the tests): `start_ray()` connects to RAY_ADDRESS or starts a local Ray.
 
 On the embedded default many actors share two cores, so each pins torch to a small thread pool; on a GPU
 node the count comes from the actor's CPU reservation instead.
@@ -34,6 +35,36 @@ def quiet_libraries() -> None:
         pass
 
 
+def heartbeat(registry, role: str, instance: str):
+    """Start this actor process's heartbeat in its run's incarnation registry (`services.incarnations.Registry`: the
+    run's Redis and name), naming the Ray node it runs on; None without a registry (an actor started outside a run)."""
+    if registry is None:
+        return None
+    from services.redis_server import make_client
+
+    return beat_with(make_client(registry.redis_url), registry.run, role, instance)
+
+
+def beat_with(client, run: str, role: str, instance: str):
+    """`heartbeat` on a Redis client the actor already has."""
+    import ray
+
+    from services.incarnations import Heartbeat, Identity
+
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+    return Heartbeat(client, run, Identity(role, instance, node)).start()
+
+
+def serving_heartbeat(service, name: str):
+    """The heartbeat of a worker actor that serves a stream (`ServingThread`): its role and instance from `name`
+    ("rollout-1"), its run and Redis from the stream its loop takes from (a rollout worker's requests, a
+    verifier's results)."""
+    from services.streams.topology import run_of
+
+    taken = getattr(service, "requests", None) or service.results
+    return beat_with(taken.client, run_of(taken.stream), name.rsplit("-", 1)[0], name)
+
+
 # Ray's own growth over a run of days, bounded where this process starts a local Ray (a cluster's nodes take these
 # from their own environment: docs/operations.md, "Long runs"); a value already in the environment wins.
 # - task events the GCS keeps for the state API and the dashboard (Ray's default: 100,000 tasks, about as many as
@@ -46,10 +77,13 @@ RAY_LIMITS = {"RAY_task_events_max_num_task_in_gcs": "10000", "RAY_ROTATION_MAX_
               "RAY_ROTATION_BACKUP_COUNT": "2"}
 
 
-def start_ray() -> bool:
-    """Connect to the cluster in RAY_ADDRESS, or start a local Ray (its growth bounded: RAY_LIMITS); returns whether
-    we started it."""
+def start_ray(settings=None) -> bool:
+    """Connect to the cluster in RAY_ADDRESS, or start a local Ray (its growth bounded: RAY_LIMITS; its health checks
+    and head timeout from `settings`, the run config's `ray` section, Ray's defaults when None); returns whether we
+    started it. A cluster's nodes take those from their own environment (`RayConfig.ray_start_env`)."""
     import ray
+
+    from pcl.config_ray import RayConfig
 
     if ray.is_initialized():
         return False
@@ -62,7 +96,7 @@ def start_ray() -> bool:
         return False
     for key, value in RAY_LIMITS.items():  # read by Ray's processes as they start, workers included
         os.environ.setdefault(key, value)
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), **quiet)
+    ray.init(num_cpus=max(2, os.cpu_count() or 2), _system_config=(settings or RayConfig()).system_config(), **quiet)
     return True
 
 
@@ -101,6 +135,7 @@ class ServingThread:
     def __init__(self, service, name: str, **kwargs):
         self.service, self.name, self.kwargs = service, name, kwargs
         self._renew()
+        self.heartbeat = serving_heartbeat(service, name)  # from here to `shutdown`
 
     def _renew(self) -> None:
         from services.streams.workers import serve_forever
@@ -135,3 +170,4 @@ class ServingThread:
         self.stop.set()
         if self.started:
             self.thread.join(timeout=wait_s)
+        self.heartbeat.stop()

@@ -10,14 +10,17 @@ from typing import Any
 
 import ray
 
+from actors.runtime import heartbeat
 from pcl.data.prompts import PromptRecord
 from pcl.data.sampler import PromptStream
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
 class PromptSamplerActor:
-    def __init__(self, prompts: list[PromptRecord], seed: int):
+    def __init__(self, prompts: list[PromptRecord], seed: int, registry=None):
+        """registry: where the run's actors beat their heartbeats (`services.incarnations.Registry`), or None."""
         self.stream = PromptStream(prompts, seed)
+        self.heartbeat = heartbeat(registry, "sampler", "sampler")
 
     def sample(self, count: int) -> list[PromptRecord]:
         """The next `count` distinct prompts of the shuffled stream (crossing epochs as needed)."""

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 import ray
 
-from actors.runtime import gather, in_bundle, init_actor_process
+from actors.runtime import gather, heartbeat, in_bundle, init_actor_process
 from pcl.checkpoint_store import latest
 from pcl.config import ValueModelConfig
 from pcl.engines.base import check_prompts
@@ -54,13 +54,15 @@ def _shares(items: Sequence, parts: int) -> list[list]:
 class ValueRank:
     """Rank r >= 1 of a sharded V; started, called and owned by the ValueScorerActor (rank 0)."""
 
-    def __init__(self, threads: int = 1):
+    def __init__(self, threads: int = 1, registry=None, rank: int = 1):
         init_actor_process(threads)
         self.trainer = None
+        self.heartbeat = heartbeat(registry, "scorer", f"scorer-{rank}")
 
     def setup(self, cfg: ValueModelConfig, model_path: str, device: str, seed: int, rank: int, world_size: int,
-              master: tuple[str, int], timeout_s: float) -> bool:
-        self.trainer = build_value_trainer(cfg, model_path, device, seed, rank, world_size, master, timeout_s)
+              master: tuple[str, int], collective_timeout_s: float) -> bool:
+        self.trainer = build_value_trainer(cfg, model_path, device, seed, rank, world_size, master,
+                                           collective_timeout_s)
         return True
 
     def call(self, method: str, *args) -> Any:
@@ -74,20 +76,26 @@ class ValueRank:
 class ValueScorerActor:
     def __init__(self, cfg: ValueModelConfig, model_path: str, device: str, seed: int, threads: int = 1,
                  checkpoints: str | None = None, num_gpus: float = 0.0, timeout_s: float = 1800.0,
-                 placement=None):
-        """placement: V's placement group (this actor in bundle 0, rank r in bundle r), or None."""
+                 placement=None, registry=None, collective_timeout_s: float = 1800.0, ping_timeout_s: float = 10.0):
+        """placement: V's placement group (this actor in bundle 0, rank r in bundle r), or None; registry: where
+        the run's actors beat their heartbeats (`services.incarnations.Registry`), or None; timeout_s: the
+        deadline of a call to the other ranks, collective_timeout_s their process group's (learner.timeout_s and
+        learner.collective_timeout_s); ping_timeout_s: after a failed call, a rank silent this long is lost."""
         init_actor_process(threads)
-        self.timeout_s, world_size = timeout_s, cfg.num_ranks
+        self.heartbeat = heartbeat(registry, "scorer", "scorer-0")
+        self.timeout_s, self.ping_timeout_s, world_size = timeout_s, ping_timeout_s, cfg.num_ranks
         self.peers = [ValueRank.options(num_gpus=num_gpus, resources=cfg.resources or None,
-                                        **in_bundle(placement, r)).remote(threads) for r in range(1, world_size)]
+                                        **in_bundle(placement, r)).remote(threads, registry, r)
+                      for r in range(1, world_size)]
         master = None
         if self.peers:
             with socket.socket() as s:  # rank 0 (this process) hosts the process group's rendezvous
                 s.bind(("", 0))
                 master = (ray.util.get_node_ip_address(), s.getsockname()[1])
-        setups = [p.setup.remote(cfg, model_path, device, seed, r, world_size, master, timeout_s)
+        setups = [p.setup.remote(cfg, model_path, device, seed, r, world_size, master, collective_timeout_s)
                   for r, p in enumerate(self.peers, start=1)]
-        self.trainer = build_value_trainer(cfg, model_path, device, seed, 0, world_size, master, timeout_s)
+        self.trainer = build_value_trainer(cfg, model_path, device, seed, 0, world_size, master,
+                                           collective_timeout_s)
         gather(setups, timeout_s, "value rank set-up")
         self.restored_from = None
         if checkpoints:  # a restart (or a resumed run's start): V as of the newest checkpoint
@@ -111,7 +119,7 @@ class ValueScorerActor:
 
     def _lost_peers(self) -> bool:
         pings = [p.ping.remote() for p in self.peers]
-        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=10.0)
+        ready, _ = ray.wait(pings, num_returns=len(pings), timeout=self.ping_timeout_s)
         try:
             return len(ready) < len(pings) or not all(ray.get(ready))
         except ray.exceptions.RayError:

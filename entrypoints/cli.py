@@ -14,6 +14,8 @@
     pcl export RUN_DIR|CHECKPOINT|MODEL_DIR --out DIR       the policy in Hugging Face format
     pcl chaos CONFIG --seed S --faults N [--window S | --step-seconds S] [--out DIR] [--reference] [key=value ...]
                                                            a run under a seeded fault schedule; its invariants
+    pcl chaos-check CONFIG [MORE.yaml ...] --run-dir DIR [key=value ...]
+                                                           a finished run's invariants from its records and Redis
     pcl soak CONFIG [--minutes M] [--sample-seconds S] [--warmup S] [--out DIR] [--report-only] [key=value ...]
                                                            a long run sampled from outside: what grows, leaks or fills up
     pcl plan CONFIG [MORE.yaml ...] [--nodes N] [--gpus-per-node G] [--gpu-memory GB] [--headroom F] [--disk GB]
@@ -194,6 +196,13 @@ def _cmd_chaos(args: argparse.Namespace) -> int:
                      out=args.out, reference=args.reference, timeout_s=args.timeout, step_s=args.step_seconds)
 
 
+def _cmd_chaos_check(args: argparse.Namespace) -> int:
+    from entrypoints.chaos.check import check_run
+    from pcl.config import load_config
+
+    return check_run(load_config(*_config_files(args)), args.run_dir)
+
+
 def _cmd_soak(args: argparse.Namespace) -> int:
     from entrypoints.soak import report_again, run_soak
 
@@ -327,6 +336,14 @@ def _add_run_commands(sub) -> None:
                    "the final weights (rollout.deterministic) or held-out accuracy")
     p.add_argument("--timeout", type=float, help="give up after this many seconds (default 2 x window + 1200)")
     p.set_defaults(func=_cmd_chaos)
+
+    p = sub.add_parser("chaos-check", help="the invariants of a finished run from its records and its Redis "
+                       "(redis.url / REDIS_URL, or the embedded one's data directory): steps, batches, versions, "
+                       "trackers, streams (docs/operations.md, \"Chaos runs\")")
+    p.add_argument("config", help="the run's YAML config, as it was trained with")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="the run's overrides, e.g. run.steps=12")
+    p.add_argument("--run-dir", required=True, help="the run's directory")
+    p.set_defaults(func=_cmd_chaos_check)
 
     p = sub.add_parser("soak", help="train for a set time under steady control-plane traffic, sampling every "
                        "process, Redis, the run's files and Ray's session: what grows? (docs/operations.md)")

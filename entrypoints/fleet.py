@@ -42,18 +42,19 @@ class Fleet:
     handles: FleetHandles
     placement: "Placement | None" = None
 
-    def salvage(self, cfg: Config, wait_s: float = 20.0) -> "Fleet":
+    def salvage(self, cfg: Config, wait_s: float | None = None) -> "Fleet":
         """After a failure, before a restart from a checkpoint: the actors that can go on, the rest killed. Rollout
         workers and verifiers stop their serving loops (nothing of the failed attempt is written after the
         streams are purged; a worker Ray is restarting is kept once it is up); the learner ranks, V and the
-        sampler must answer a ping within `wait_s` (a rank stuck in a collective with a lost peer does not). The
-        coordinator is always killed. Returns a Fleet of the kept handles (None where one is lost) and the
-        placement groups, for `start_fleet(kept=...)`."""
+        sampler must answer a ping within `wait_s` (checkpoint.restart_wait_s; a rank stuck in a collective with a
+        lost peer does not). The coordinator is always killed. Returns a Fleet of the kept handles (None where one
+        is lost) and the placement groups, for `start_fleet(kept=...)`."""
         h, actors = self.handles, self.handles.named()
         if self.coordinator is not None:
             ray.kill(self.coordinator, no_restart=True)
         serving = ("rollout-", "verifier-")
         calls = {name: (a.quiesce if name.startswith(serving) else a.ping).remote() for name, a in actors.items()}
+        wait_s = wait_s or cfg.checkpoint.restart_wait_s
         lost = {name for name, ok in zip(calls, _answers(list(calls.values()), wait_s)) if not ok}  # asked at once
         ranks = {name for name in actors if name.startswith("learner-")}
         if cfg.rollout.weight_sync == "collective":  # learner and workers share a weight group
@@ -220,13 +221,16 @@ def _start_actors(cfg: Config, prep, redis_url: str, placement: Placement, h: Fl
 
     from pcl.engines import max_model_len
 
+    from services.incarnations import Registry
+
     seed, run = cfg.run.seed, cfg.run.name
+    registry = Registry(redis_url, run)  # where each actor beats its heartbeat (services/incarnations.py)
     policy = cfg.model.model_copy(update={"path": prep.policy_path})  # the model section, with the local copy
     # The coordinator and the sampler live on the driver's node: they write the run directory beside the driver,
     # and losing them is losing the run's driver node anyway (the rest is placed by its placement groups).
     here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
     if h.sampler is None:
-        h.sampler = PromptSamplerActor.options(scheduling_strategy=here).remote(prep.train_prompts, seed)
+        h.sampler = PromptSamplerActor.options(scheduling_strategy=here).remote(prep.train_prompts, seed, registry)
     if "value" in placement.groups and h.scorer is None:  # the strategy needs V (pcl.tools.placement)
         gpus = cfg.learner.num_gpus_per_rank  # every V rank: one learner rank's GPUs
         h.scorer = ValueScorerActor.options(num_gpus=gpus, resources=cfg.value.resources or None,
@@ -234,8 +238,10 @@ def _start_actors(cfg: Config, prep, redis_url: str, placement: Placement, h: Fl
                                             **restart_options(cfg.rollout.deterministic)).remote(
             cfg.value, prep.value_path, "cuda" if gpus > 0 else "cpu", seed,
             checkpoints=str(prep.run_dir / "checkpoints"), num_gpus=gpus, timeout_s=cfg.learner.timeout_s,
-            placement=placement.groups["value"])
-    wait_while_full(lambda: publish_answers(redis_url, run, prep.answers), "the gold answers")  # one transaction
+            placement=placement.groups["value"], registry=registry,
+            collective_timeout_s=cfg.learner.collective_timeout_s, ping_timeout_s=cfg.learner.ping_timeout_s)
+    wait_while_full(lambda: publish_answers(redis_url, run, prep.answers), "the gold answers",  # one transaction
+                    cfg.redis.full_timeout_s)
     kept_verifiers = [v for v in h.verifiers if v is not None]
     h.verifiers = [v if v is not None else RewardVerifier.options(resources=cfg.verifier.resources or None).remote(
         cfg.verifier, cfg.redis, cfg.run, redis_url, i) for i, v in enumerate(h.verifiers)]
@@ -246,7 +252,7 @@ def _start_actors(cfg: Config, prep, redis_url: str, placement: Placement, h: Fl
         for i, w in enumerate(h.rollout_workers)]
     if h.learners is None:
         h.learners = LearnerGroup.create(cfg.learner, cfg.optimizer, policy, seed,
-                                         placement=placement.groups["learner"])
+                                         placement=placement.groups["learner"], registry=registry)
     # kept verifiers serve the purged streams from here on (kept rollout workers, once the restore's weights come)
     pings = [a.ping.remote() for a in [h.sampler, *h.verifiers, *h.rollout_workers, h.scorer] if a is not None]
     ray.get(pings + [v.resume.remote() for v in kept_verifiers], timeout=cfg.learner.timeout_s)

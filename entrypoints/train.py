@@ -241,8 +241,13 @@ def control_snapshot(checkpoint: Path | None) -> dict | None:
 
 def driver_control(cfg: Config, prep: Prepared, redis, fresh: bool):
     """The run's control state on its Redis (reset for a fresh run; a resumed one's kept, or taken from the
-    checkpoint's snapshot) and, with control.enabled, the control plane serving it (`services.control.server`)."""
+    checkpoint's snapshot) and, with control.enabled, the control plane serving it (`services.control.server`). A
+    fresh run also starts its actors' incarnation registry anew (`services.incarnations`; kept across restarts)."""
     from services.control.server import DriverControl
+    from services.incarnations import clear_incarnations
+
+    if fresh:
+        clear_incarnations(redis.client(), cfg.run.name)
 
     return DriverControl(cfg, redis.url, prep.run_dir, k_max=len(prep.train_prompts) // cfg.run.m, fresh=fresh,
                          tools_url=redis.tcp_url, snapshot=control_snapshot(prep.checkpoint),
@@ -348,7 +353,7 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
     try:
         # Control state in Redis (reset for a fresh run) and, with control.enabled, the control plane.
         control = driver_control(cfg, prep, redis, fresh=resume is None)
-        own_ray = start_ray()
+        own_ray = start_ray(cfg.ray)  # the `ray` section: a local Ray's health checks (a cluster's: its nodes')
         while True:
             keep_redis()
             purge_streams(redis.url, cfg.run.name)  # nothing in flight from an earlier attempt is collected

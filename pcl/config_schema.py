@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 
 from pcl.config_base import ConfigError, Resources, Section  # noqa: F401 - re-exported
+from pcl.config_ray import RayConfig
 from pcl.config_selection import (  # noqa: F401 - re-exported: pcl.config and the strategies import them here
     DynamicSamplingSelection, GresoSelection, PCLSelection, PrefilterSelection, ProbeSelection, Selection,
     SpeedSelection, UniformSelection)
@@ -209,6 +210,11 @@ class LearnerConfig(Section):
     num_gpus_per_rank: float = Field(0.0, ge=0)
     timeout_s: float = Field(1800.0, gt=0, description="Deadline for one learner call (a step, a weight gather, a "
                              "checkpoint) and for every other remote call the coordinator makes.")
+    collective_timeout_s: float = Field(1800.0, gt=0, description="The learner ranks' process group: a collective "
+                                        "(all-gather, reduce-scatter) a peer does not join within this fails on "
+                                        "every rank that waits (torch.distributed's timeout).")
+    ping_timeout_s: float = Field(10.0, gt=0, description="After a learner or V call failed, a rank that does not "
+                                  "answer a ping within this is declared lost: the group restarts.")
     resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each learner rank needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
     reshard_after_forward: bool = Field(True, description="FSDP2: free gathered parameters after forward (memory) "
                                         "or keep them for backward (speed, for small models).")
@@ -237,6 +243,11 @@ class RedisConfig(Section):
     appendonly: bool = Field(True, description="AOF persistence for the embedded server.")
     maxmemory_mb: int | None = Field(None, ge=0, description="maxmemory of the embedded server (noeviction: a full "
                                      "server makes writers wait); a quarter of the machine's memory when unset; 0: none.")
+    reconnect_timeout_s: float = Field(60.0, gt=0, description="How long a work queue keeps retrying while Redis is "
+                                       "unreachable (restarting, replaying its AOF, cut off) before it fails "
+                                       "(QueueUnavailable: the driver restarts the run from its checkpoint).")
+    full_timeout_s: float = Field(600.0, gt=0, description="How long a write waits while Redis is full (maxmemory "
+                                  "reached) before it fails (RedisFull).")
 
     @field_validator("url")
     @classmethod
@@ -259,6 +270,9 @@ class ControlConfig(Section):
     max_concurrent_requests: int = Field(64, ge=1, description="Requests served at once; more get 503 at once.")
     depth_cache_s: float = Field(5.0, ge=0, description="Queue depths in /v1/status and /metrics are at most this "
                                  "old (computed once per interval, however many clients ask); 0: every request.")
+    heartbeat_ttl_s: float = Field(30.0, ge=3, description="The coordinator's heartbeat lives this long in Redis: "
+                                   "without a beat for this long the status says 'lost' (pcl_coordinator_up 0). "
+                                   "It beats every third of it at most.")
 
     @field_validator("token")
     @classmethod
@@ -272,6 +286,9 @@ class CheckpointConfig(Section):
     max_restarts: int = Field(3, ge=0, description="Times the driver restarts the run from its newest checkpoint "
                               "(from the start when there is none) after a failure no actor restart covers: a "
                               "learner rank, the sampler or the coordinator lost, a deadline missed.")
+    restart_wait_s: float = Field(20.0, gt=0, description="At such a restart, an actor that does not answer (or, a "
+                                  "worker, stop serving) within this is declared lost and started again; those that "
+                                  "answer are kept.")
 
 
 class EvaluationConfig(Section):
@@ -373,6 +390,7 @@ class Config(Section):
     logging: LoggingConfig = LoggingConfig()
     curriculum: CurriculumConfig = CurriculumConfig()
     cluster: ClusterConfig = ClusterConfig()
+    ray: RayConfig = RayConfig()
 
     @model_validator(mode="after")
     def _token_budgets_hold_the_longest_sequence(self) -> "Config":

@@ -12,10 +12,11 @@ from typing import Callable, TypeVar
 
 import redis
 
+from pcl.config import RedisConfig
 from services.redis_server import RedisHandle, RedisUnavailable
 from services.run_events import RunEvents
 
-FULL_WAIT_S = 600.0  # how long the driver's writes wait for a full Redis (the workers': queues.FULL_TIMEOUT_S)
+FULL_WAIT_S = RedisConfig().full_timeout_s  # a full Redis: how long the driver's writes wait (redis.full_timeout_s)
 T = TypeVar("T")
 
 

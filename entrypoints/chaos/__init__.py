@@ -10,8 +10,9 @@ after the run has ended; one that still could not be injected because the run en
 
 The schedule, the invariants and the report are pure (`pcl/tools/chaos_schedule.py`, `chaos_checks.py`,
 `chaos_report.py`); this package drives them: `session.py` runs `pcl train` as a child process and follows it,
-`faults.py` injects, `traffic.py` talks to the control plane, `final.py` reads what the run left, `reference.py`
-trains and compares the unfaulted reference. Output in OUT (default runs/chaos-<run.name>-seed<S>): run/ (the run
+`faults.py` injects, `traffic.py` talks to the control plane, `final.py` reads what the run left, `check.py` checks
+it (alone: `pcl chaos-check`, for a run trained elsewhere, with its own Redis), `reference.py` trains and compares
+the unfaulted reference. Output in OUT (default runs/chaos-<run.name>-seed<S>): run/ (the run
 directory, with chaos_report.txt and .json), run-driver.log, requests.jsonl (the control traffic, with what each
 request expected), schedule.json, and with --reference, reference/.
 """
@@ -25,8 +26,7 @@ import socket
 from pathlib import Path
 
 from pcl.config import Config, ConfigError, ENV_FALLBACKS, load_config
-from pcl.tools.chaos_checks import (MALFORMED_MARK, Check, check_accuracy, check_batches, check_control, check_processes,
-                                    check_steps, check_streams, check_trackers, check_versions, check_weights)
+from pcl.tools.chaos_checks import MALFORMED_MARK, Check, check_accuracy, check_control, check_processes, check_weights
 from pcl.tools.chaos_report import build_report, commit_times, format_report, recover, steps_redone
 from pcl.tools.chaos_schedule import (MIN_KINDS, WINDOW_SHARE, Schedule, check_schedule, draw_schedule, fit_window,
                                       seconds_per_step)
@@ -51,7 +51,8 @@ def chaos_config(config_files: list[str], overrides: list[str], seed: int) -> tu
     overrides = [*overrides, f"run.seed={seed}"]
     cfg = load_config(config_files, overrides)
     if cfg.redis.url:
-        raise ConfigError("pcl chaos runs the embedded Redis: unset redis.url (and REDIS_URL)")
+        raise ConfigError("pcl chaos runs the embedded Redis (its faults kill and fill it): unset redis.url (and "
+                          "REDIS_URL); `pcl chaos-check` checks a finished run that used its own Redis")
     if not cfg.redis.appendonly:
         raise ConfigError("pcl chaos needs the embedded Redis' append-only file (its only persistence: a restart "
                           "without it loses the streams, and the final checks would read an empty database): "
@@ -117,23 +118,17 @@ def run_chaos(config: str, overrides: list[str], seed: int, faults: int, window_
 
 
 def final_checks(cfg: Config, run, tree) -> list[Check]:
-    """The invariants over what the run left: its processes, records and Redis."""
-    from entrypoints.chaos.final import read_records, read_redis, read_requests, read_run_events, read_tracker_steps
+    """The invariants over what the run left: its processes, then its records and Redis (`run_checks`, which
+    `pcl chaos-check` runs alone on any finished run) and the control traffic."""
+    from entrypoints.chaos.check import run_checks
+    from entrypoints.chaos.final import read_requests, read_run, read_run_events
 
     leftovers = tree.wait_gone(30.0)
     checks = [check_processes([f"{pid} {title[:80]}" for pid, title in leftovers], seen=len(tree.seen))]
-    metrics, selections = read_records(run.run_dir)
-    checks.append(check_steps(metrics, selections, cfg.run.steps))
-    checks.append(check_batches(metrics, selections, cfg.run.m, cfg.run.n))
-    checks.append(check_versions(selections, getattr(cfg.run, "max_staleness", 0)))
-    checks.append(check_trackers(read_tracker_steps(run.run_dir), cfg.run.steps))
     tree.kill_all()
-    if (run.run_dir / "redis").is_dir():
-        streams, dead = read_redis(run.run_dir / "redis", cfg.run.name)
-        checks.append(check_streams(streams, dead))
-        note_dead_letters(run.injector.results if run.injector else [], dead)
-    else:
-        checks.append(Check("streams", None, "the run left no Redis data directory"))
+    reading = read_run(cfg, run.run_dir)
+    checks += run_checks(cfg, reading)
+    note_dead_letters(run.injector.results if run.injector else [], reading.dead)
     checks.append(check_control(read_requests(run.requests_path), read_run_events(run.run_dir)))
     return checks
 

@@ -3,9 +3,12 @@ records (metrics.jsonl, selections.jsonl, events.jsonl), what its experiment tra
 left it, and the control-plane requests the chaos traffic recorded. Reading is kept apart from checking, so that
 another way of running (a deployment with its own Redis) reads its run the same way and checks it alike.
 
+    with run_redis(cfg, run_dir) as client:                  # the Redis the run used (below)
+        streams, dead = read_streams(client, "chaos")
+        incarnations = read_incarnations(client, "chaos")     # services/incarnations.py: the actors' heartbeats
     streams, dead = read_redis(run_dir / "redis", "chaos")   # the embedded server started again on its data
-    streams, dead = read_streams(client, "chaos")              # or any Redis the run used
     metrics, selections = read_records(run_dir)
+    reading = read_run(cfg, run_dir)                           # all of the above that the invariants read
     windows = read_run_events(run_dir)                         # outages and restarts (None: no record)
     requests = read_requests(out / "requests.jsonl")
     scalars = read_tracker_steps(run_dir)                     # TensorBoard: figure -> the steps written, in order
@@ -13,13 +16,17 @@ another way of running (a deployment with its own Redis) reads its run the same 
 The embedded Redis stops with its run; with AOF on (a chaos run requires it: the embedded server saves no
 snapshot) its data directory holds everything it acknowledged, so a server started again on that directory shows
 the streams, their consumer groups, the entry counts the run kept and the dead letters exactly as the run left
-them. `read_streams(client, run)` reads the same from any Redis the run used.
+them. A deployment's Redis (`redis.url`, or REDIS_URL) outlives its run: `run_redis` reads it where it is, starting
+nothing. `read_streams(client, run)` reads the same from either.
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from pcl.loop.runlog import METRICS_FILE, SELECTIONS_FILE, read_metrics
 
@@ -77,6 +84,27 @@ def read_tracker_steps(run_dir: Path) -> dict[str, list[int]] | None:
     return steps
 
 
+@contextmanager
+def run_redis(cfg, run_dir: Path) -> Iterator:
+    """A client of the Redis the run used, for reading what it left: the server at `redis.url` (a deployment's,
+    external to the run: read as it is, nothing started or stopped), else the run's embedded server started again on
+    its data directory RUN_DIR/redis for the reading, and stopped after. FileNotFoundError when the run has neither
+    (an embedded run that left no data directory)."""
+    from services.redis_server import make_client, start_embedded
+
+    if cfg.redis.url:
+        client = make_client(cfg.redis.url)
+        try:
+            yield client
+        finally:
+            client.close()
+        return
+    if not (run_dir / "redis").is_dir():
+        raise FileNotFoundError(f"the run left no Redis data directory ({run_dir / 'redis'}) and names no redis.url")
+    with start_embedded(run_dir / "redis", appendonly=True, maxmemory_mb=0) as server:
+        yield server.client()
+
+
 def read_redis(data_dir: Path, run: str) -> tuple[dict[str, dict], list[dict]]:
     """`read_streams` of the run's Redis data directory (a server started on it for the reading, then stopped)."""
     from services.redis_server import start_embedded
@@ -101,3 +129,34 @@ def read_streams(client, run: str) -> tuple[dict[str, dict], list[dict]]:
             dead.append({"stream": stream.name, "payload": fields.get(b"payload", b""),
                          "error": fields.get(b"error", b"").decode(errors="replace")})
     return streams, dead
+
+
+@dataclass
+class RunReading:
+    """What the invariants over a finished run read (`entrypoints.chaos.check.run_checks`)."""
+
+    metrics: list[dict]  # metrics.jsonl's lines
+    selections: list[dict]  # selections.jsonl's lines
+    trackers: dict[str, list[int]] | None  # read_tracker_steps
+    streams: dict[str, dict] | None = None  # read_streams; None when the run's Redis could not be read
+    dead: list[dict] = field(default_factory=list)  # the dead letters
+    incarnations: list[dict] | None = None  # the actors' incarnation registry (services/incarnations.py)
+    redis_error: str = ""  # why the run's Redis could not be read
+
+
+def read_run(cfg, run_dir: Path) -> RunReading:
+    """Everything the invariants over a finished run read: its records, its tracker's steps and what its Redis
+    holds (`run_redis`: a deployment's at redis.url, or the embedded one's data directory)."""
+    import redis
+
+    from services.incarnations import read_incarnations
+
+    metrics, selections = read_records(run_dir)
+    reading = RunReading(metrics, selections, read_tracker_steps(run_dir))
+    try:
+        with run_redis(cfg, run_dir) as client:
+            reading.streams, reading.dead = read_streams(client, cfg.run.name)
+            reading.incarnations = read_incarnations(client, cfg.run.name)
+    except (FileNotFoundError, redis.RedisError) as exc:
+        reading.redis_error = f"the run's Redis could not be read: {exc}"
+    return reading

@@ -28,7 +28,7 @@ class ControlReader(ControlKeys):
             "heartbeat_age_s": time.time() - float(beat) if alive else None,
         }
         if status["state"] in ("running", "paused") and not alive:
-            status["state"] = "lost"  # published as live, but no heartbeat for HEARTBEAT_TTL_S
+            status["state"] = "lost"  # published as live, but no heartbeat for control.heartbeat_ttl_s
         elif status["state"] == "running" and desired.paused:
             status["state"] = "pausing"
         elif status["state"] == "paused" and not desired.paused:

@@ -42,6 +42,7 @@ class RunControl:
         steps_total: int | None = None,
         poll_s: float = 0.25,
         heartbeat_s: float = 5.0,
+        heartbeat_ttl_s: float = HEARTBEAT_TTL_S,
     ):
         """health(): each actor's state by name ('ok', 'stopped', 'unresponsive', 'dead'), published with the
         status after each step; the actor layer provides it (`actors.handles.FleetHandles.health`)."""
@@ -59,7 +60,8 @@ class RunControl:
         self.ignored: set[tuple[str, float]] = set()  # changes refused once (not repeated every step)
         self._warned_at = 0.0
         self._stop = threading.Event()
-        self._safely(store.beat)  # alive from the start, not from the thread's first turn
+        self._ttl_s = heartbeat_ttl_s  # no beat for this long: the status says "lost" (control.heartbeat_ttl_s)
+        self._safely(lambda: store.beat(self._ttl_s))  # alive from the start, not from the thread's first turn
         self._heartbeat = threading.Thread(
             target=self._beat, args=(heartbeat_s,), name="pcl-heartbeat", daemon=True
         )
@@ -71,7 +73,7 @@ class RunControl:
         from services.redis_server import make_client
 
         store = ControlWrites(make_client(redis_url, decode_responses=True), cfg.run.name)
-        return cls(store, health, steps_total=cfg.run.steps)
+        return cls(store, health, steps_total=cfg.run.steps, heartbeat_ttl_s=cfg.control.heartbeat_ttl_s)
 
     # -- step boundaries -------------------------------------------------------------------------------------
 
@@ -213,8 +215,8 @@ class RunControl:
 
     def _beat(self, every_s: float) -> None:
         while not self._stop.is_set():
-            self._safely(self.store.beat)
-            self._stop.wait(min(every_s, HEARTBEAT_TTL_S / 3))
+            self._safely(lambda: self.store.beat(self._ttl_s))
+            self._stop.wait(min(every_s, self._ttl_s / 3))
 
     def _safely(self, operation):
         """Run a Redis operation; on a Redis error log it (at most every 30 s) and return None."""

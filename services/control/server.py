@@ -141,7 +141,8 @@ class DriverControl:
 
         self.store = ControlStore(make_client(redis_url, decode_responses=True), cfg.run.name,
                                   depth_cache_s=cfg.control.depth_cache_s)
-        wait_while_full(lambda: self._prepare(k_max, fresh, snapshot, overrides or {}), "the control state")
+        wait_while_full(lambda: self._prepare(k_max, fresh, snapshot, overrides or {}), "the control state",
+                        cfg.redis.full_timeout_s)
         self.server = serve(cfg.control, self.store) if cfg.control.enabled else None
         info = {
             "run": cfg.run.name,

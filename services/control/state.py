@@ -40,11 +40,12 @@ from typing import Any
 
 import redis
 
+from pcl.config import ControlConfig
 from pcl.loop.record import StepRecord
 
 EVENTS_MAXLEN = 10_000  # events kept (approximately); a pause/resume a minute for a week fits
 HISTORY_MAXLEN = 50_000  # step records kept for the dashboard
-HEARTBEAT_TTL_S = 30.0
+HEARTBEAT_TTL_S = ControlConfig().heartbeat_ttl_s  # control.heartbeat_ttl_s's default: the coordinator's is its own
 
 FINAL_STATES = ("finished", "failed")
 

@@ -99,8 +99,9 @@ class ControlWrites(ControlKeys):
                 pipe.hincrbyfloat(self.totals_key, key, value)
         pipe.execute()
 
-    def beat(self) -> None:
-        self.client.set(self.heartbeat_key, repr(time.time()), ex=int(HEARTBEAT_TTL_S))
+    def beat(self, ttl_s: float = HEARTBEAT_TTL_S) -> None:
+        """The coordinator is alive: its heartbeat key, gone after ttl_s without another beat."""
+        self.client.set(self.heartbeat_key, repr(time.time()), px=max(1, round(ttl_s * 1000)))
 
     def clear_heartbeat(self) -> None:
         self.client.delete(self.heartbeat_key)

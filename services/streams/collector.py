@@ -9,6 +9,7 @@ the results stream (`WorkQueue.join`).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable, Iterable, Sequence
 
 from services.streams.payloads import Record, RewardNote
@@ -41,6 +42,9 @@ class StepCollector:
         self.stale_version = 0  # generated with other weights than this step's policy: never trained on
         self.unexpected = 0  # another run, or a (prompt id, sample index) this step did not ask for
         self.unresolved = 0  # a note whose result is gone from the results stream: the sample stays missing
+        # stale_step + stale_version by the process that generated them, "{worker}@{incarnation}" (a node cut off
+        # and back writes late: services/incarnations.py names the node of each incarnation)
+        self.stale_by_producer: Counter[str] = Counter()
 
     def offer(self, record: Record) -> bool:
         """Keep the record if it belongs to this batch and is new; True when kept."""
@@ -76,8 +80,10 @@ class StepCollector:
             self.unexpected += 1
         elif record.step != self.step:
             self.stale_step += 1
+            self.stale_by_producer[producer(record)] += 1
         elif record.policy_version != self.policy_version:
             self.stale_version += 1
+            self.stale_by_producer[producer(record)] += 1
         elif key not in self.expected:
             self.unexpected += 1
         elif key in self.records:
@@ -102,3 +108,8 @@ class StepCollector:
     def dropped(self) -> dict[str, int]:
         return {"duplicates": self.duplicates, "stale_step": self.stale_step,
                 "stale_version": self.stale_version, "unexpected": self.unexpected, "unresolved": self.unresolved}
+
+
+def producer(record: Record) -> str:
+    """Who generated a record: "{worker}@{incarnation}" ("?" for what it does not carry)."""
+    return f"{getattr(record, 'worker', '') or '?'}@{getattr(record, 'incarnation', '') or '?'}"

@@ -211,6 +211,7 @@ class RolloutResult(_Wire):
     worker: str = ""  # the rollout worker that generated it ("rollout-0", ...): the fleet's balance per step
     # log pi_engine of each response token, packed little-endian float32 (pack_logprobs); b"" when not reported
     logprobs: bytes = b""
+    incarnation: str = ""  # the worker's process that generated it (services/incarnations.py: its node, host, pid)
 
     def __post_init__(self) -> None:
         _check_packed("prompt_token_ids", self.prompt_token_ids)
@@ -271,6 +272,8 @@ class RewardNote(_Wire):
     result_entry: str  # id of the rollout_results stream entry that holds the sample
     position: int  # the sample's index among the records of that entry (0 for a single-record entry)
     verifier_error: bool = False  # the verifier could not score it (a worker error, twice): reward 0, not a verdict
+    worker: str = ""  # the rollout worker that generated the sample, copied from the result
+    incarnation: str = ""  # that worker's process, copied from the result: what a stale note is counted by
 
     def __post_init__(self) -> None:
         _check_text(self, ("run", "prompt_id", "result_entry"))
@@ -283,7 +286,8 @@ class RewardNote(_Wire):
     def of(cls, result: RolloutResult, result_entry: str, position: int, reward: float, verifier_seconds: float,
            timed_out: bool, verifier_error: bool = False) -> "RewardNote":
         return cls(result.run, result.step, result.prompt_id, result.sample_index, result.policy_version,
-                   reward, verifier_seconds, timed_out, result_entry, position, verifier_error)
+                   reward, verifier_seconds, timed_out, result_entry, position, verifier_error, result.worker,
+                   result.incarnation)
 
     @property
     def key(self) -> RecordKey:

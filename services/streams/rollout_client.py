@@ -47,6 +47,7 @@ class RolloutClient:
         self.requests, self.results, self.rewards = (queues[name] for name in
                                                      ("rollout_requests", "rollout_results", "rewards"))
         self.dropped: Counter[str] = Counter()
+        self.stale_by_producer: Counter[str] = Counter()  # results dropped as stale, by "{worker}@{incarnation}"
         self.totals: Counter[str] = Counter()  # samples, response tokens and verifier timeouts, all steps
 
     def generate(self, step: int, policy_version: int, prompts: list, n: int, on_wait=None,
@@ -79,6 +80,7 @@ class RolloutClient:
                                   resolve=self.results.join)
         self._collect(collector, refusals, step, on_wait, on_progress)
         self.dropped.update(collector.dropped())
+        self.stale_by_producer.update(collector.stale_by_producer)
         batch = collector.batch()
         self._count(batch, step, own=not tag)
         for queue in (self.requests, self.results, self.rewards):  # the batch is complete: trim its records
@@ -137,6 +139,7 @@ class RolloutClient:
         """Cumulative counts of dropped deliveries, dead letters, samples, response tokens and verifier timeouts,
         for the step record."""
         out = {f"dropped_{k}": int(v) for k, v in self.dropped.items()}
+        out["dropped_stale_by_producer"] = {k: int(v) for k, v in sorted(self.stale_by_producer.items())}
         out["dead_letters"] = sum(q.dead_letter_count() for q in (self.requests, self.results, self.rewards))
         out.update({key: int(self.totals[key]) for key in ("samples_total", "generated_tokens_total",
                                                              "verifier_timeouts_total", "verifier_errors_total")})

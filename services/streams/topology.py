@@ -71,6 +71,14 @@ def stream_key(run: str, name: str) -> str:
     return f"pcl:{run}:{declared(name).name}"
 
 
+def run_of(key: str) -> str:
+    """The run a stream key belongs to: the inverse of `stream_key` (pcl:{run}:{name} -> run)."""
+    prefix, _, name = key.rpartition(":")
+    if not prefix.startswith("pcl:") or name not in TOPOLOGY:
+        raise ValueError(f"{key!r} is not the key of a declared stream, pcl:{{run}}:{{name}}")
+    return prefix[len("pcl:"):]
+
+
 def streams_of(role: str) -> tuple[Stream, ...]:
     """The streams `role` writes, takes from or reads back, in declaration order."""
     if role not in ROLES:
@@ -80,13 +88,14 @@ def streams_of(role: str) -> tuple[Stream, ...]:
 
 def open_queue(client: redis.Redis, run: str, name: str, consumer: str, cfg: RedisConfig | None = None, *,
                max_in_flight: int | None = None, **options) -> WorkQueue:
-    """The run's stream `name` for `consumer` of its declared group, with the visibility timeout, delivery limit
-    and blocking read of the `redis` config section and the stream's declared bounds; max_in_flight overrides
-    the declared backpressure bound (rollout.max_in_flight for a rollout worker). `options` are further
-    WorkQueue settings (reconnect_timeout_s, full_timeout_s, or any of the above for tests)."""
+    """The run's stream `name` for `consumer` of its declared group, with the visibility timeout, delivery limit,
+    blocking read, reconnect and full timeouts of the `redis` config section and the stream's declared bounds;
+    max_in_flight overrides the declared backpressure bound (rollout.max_in_flight for a rollout worker).
+    `options` override any of them (tests)."""
     stream, cfg = declared(name), cfg or RedisConfig()
     settings = dict(visibility_timeout_s=cfg.visibility_timeout_s, max_deliveries=cfg.max_deliveries,
                     block_ms=cfg.block_ms, max_in_flight=max_in_flight or stream.max_in_flight,
+                    reconnect_timeout_s=cfg.reconnect_timeout_s, full_timeout_s=cfg.full_timeout_s,
                     dead_letter_maxlen=stream.dead_letter_maxlen, dead_letter_max_bytes=stream.dead_letter_max_bytes)
     return WorkQueue(client, stream_key(run, name), stream.group, consumer, **{**settings, **options})
 

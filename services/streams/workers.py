@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 from pcl.engines.batching import by_sampling
 from pcl.reward.verdict import TRUNCATED_REWARD, is_truncated
+from services.incarnations import INCARNATION
 from services.streams.backoff import Backoff, FailureLog
 from services.streams.payloads import (RequestRecord, RewardNote, RolloutResult, pack_logprobs, pack_tokens,
                                       unpack_tokens)
@@ -94,7 +95,7 @@ class RolloutService:
         return [[RolloutResult(run=r.run, step=r.step, prompt_id=r.prompt_id,
                                sample_index=r.first_index + g.sample_index, policy_version=version, prompt_token_ids=r.prompt_token_ids,
                                token_ids=pack_tokens(g.token_ids), text=g.text, finish_reason=g.finish_reason,
-                               generation_seconds=share, worker=self.worker,
+                               generation_seconds=share, worker=self.worker, incarnation=INCARNATION,
                                logprobs=b"" if g.logprobs is None else pack_logprobs(g.logprobs))
                  for g in gens]
                 for r, gens in zip(reqs, outputs)]

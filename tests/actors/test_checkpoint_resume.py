@@ -127,6 +127,26 @@ def sigkill_and_resume(tmp_path: Path, selection: tuple[str, ...], t: int, strai
     assert M * N == records[0]["batch_samples"]
     if selection:  # the resumed step continued prompts screened before the kill
         assert records[t]["speed_carried_in"] == straight_records[t]["speed_carried_in"] > 0
+    assert_every_actor_beat_once_per_driver(resumed, selection)
+
+
+def assert_every_actor_beat_once_per_driver(run_dir: Path, selection: tuple[str, ...]) -> None:
+    """Every long-lived actor beat its heartbeat (services/incarnations.py), once for the killed driver's fleet and
+    once for the resumed one's (the registry outlives the kill in the embedded Redis' AOF), never two of one
+    instance at once: the killed fleet's actors were gone before the resumed one's started."""
+    from entrypoints.chaos.final import run_redis
+    from pcl.config import load_config
+    from pcl.tools.partition_checks import check_incarnations, expected_instances
+    from services.incarnations import read_incarnations
+
+    cfg = load_config("configs/tiny.yaml", [*FAST, *selection])
+    with run_redis(cfg, run_dir) as client:
+        incarnations = read_incarnations(client, cfg.run.name)
+    expected = expected_instances(cfg)
+    check = check_incarnations(incarnations, expected)
+    assert check.ok, check.detail
+    starts = {name: sum(e["instance"] == name for e in incarnations) for name in expected}
+    assert all(count >= 2 for count in starts.values()), starts
 
 
 @pytest.mark.slow  # tests/entrypoints/test_bad_input.py checks the same refusal in the default suite, without a run

@@ -44,3 +44,17 @@ def test_a_local_ray_starts_with_its_growth_bounded(ray_session):
         assert ray.get(probe.env.remote("RAY_ROTATION_MAX_BYTES"), timeout=120) == gcs["RAY_ROTATION_MAX_BYTES"]
     finally:
         ray.kill(probe)
+
+
+def test_a_local_ray_takes_the_ray_sections_health_checks(ray_session):
+    """`start_ray(settings)` gives the run config's `ray` section to the local Ray as its system config: the GCS
+    server, which runs the health checks, starts with it (its --config_list, base64 JSON)."""
+    import base64
+    import json
+
+    from pcl.config_ray import RayConfig
+
+    args = [a for a in _own_ray_process("gcs_server").cmdline() if a.startswith("--config_list=")]
+    assert args, "the GCS server started without a system config"
+    config = json.loads(base64.b64decode(args[0].split("=", 1)[1]))
+    assert RayConfig().system_config().items() <= config.items(), config

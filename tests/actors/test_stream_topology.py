@@ -5,6 +5,8 @@ with only its declared group, which has taken entries, and whose consumers are a
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from pcl.config import load_config
@@ -20,6 +22,7 @@ def test_the_fleet_uses_exactly_the_declared_streams_groups_and_consumer_roles(u
     from entrypoints.train import prepare
     from services.redis_server import start_embedded
     from services.streams.rollout_client import RolloutClient
+    from services.incarnations import live_incarnations
     from services.streams.topology import STREAMS, stream_key
 
     run = "topology"
@@ -42,6 +45,12 @@ def test_the_fleet_uses_exactly_the_declared_streams_groups_and_consumer_roles(u
                 assert group["name"].decode() == s.group and group["last-delivered-id"] != b"0-0", (s, group)
                 consumers = {c["name"].decode() for c in client.xinfo_consumers(key, s.group)}
                 assert consumers and {name.split("-")[0] for name in consumers} == {s.consumer}, (s, consumers)
+            # Each serving actor beats its heartbeat: its role and instance, its process and Ray node.
+            live = {e["instance"]: e for e in live_incarnations(client, run)}
+            assert set(live) == {"rollout-0", "verifier-0"}, live
+            node = ray.get_runtime_context().get_node_id()
+            assert all(e["role"] == name.split("-")[0] and e["node"] == node and e["pid"] != os.getpid()
+                       for name, e in live.items()), live
         finally:
             for actor in actors:
                 ray.kill(actor, no_restart=True)

@@ -64,6 +64,19 @@ def test_redis_persists_and_reports_health(compose):
     assert any(v.endswith(":/data") for v in redis["volumes"])
 
 
+def test_every_ray_node_takes_the_run_configs_ray_timeouts_from_its_environment(compose):
+    """A cluster's Ray reads its health checks and head timeout from each node's environment at `ray start`: every
+    Ray node of the compose file has the `ray` section's defaults there (docs/operations.md, "Timeouts on a
+    cluster")."""
+    from pcl.config_ray import RayConfig
+
+    nodes = {name: s for name, s in compose["services"].items() if s.get("entrypoint") == ["ray"]}
+    assert len(nodes) >= 5, sorted(nodes)  # both profiles' heads and workers
+    for name, service in nodes.items():
+        env = {k: str(v) for k, v in service["environment"].items()}
+        assert RayConfig().ray_start_env().items() <= env.items(), name
+
+
 def test_gpu_workers_reserve_gpus_and_shared_memory(compose):
     worker = compose["services"]["ray-gpu-worker"]
     devices = worker["deploy"]["resources"]["reservations"]["devices"]

@@ -252,6 +252,19 @@ def test_status_says_lost_when_the_heartbeat_stops(store):
     assert store.status()["state"] == "lost"
 
 
+def test_the_coordinators_heartbeat_lives_as_long_as_control_heartbeat_ttl_s(store):
+    """control.heartbeat_ttl_s: how long the status waits for a beat before it says "lost"; the coordinator beats
+    every third of it at most."""
+    rc = RunControl(store, poll_s=0.02, heartbeat_s=60.0, heartbeat_ttl_s=4.5)
+    try:
+        ttl_ms = store.client.pttl(store.heartbeat_key)
+        assert 3000 < ttl_ms <= 4500, ttl_ms
+        first = store.client.get(store.heartbeat_key)
+        wait_for(lambda: store.client.get(store.heartbeat_key) != first, timeout_s=30)  # beaten again, 1.5 s on
+    finally:
+        rc.finish(0)
+
+
 @pytest.mark.parametrize(
     "server", ["redis_url", "embedded_redis_url"]
 )  # Redis 7 has lag; the embedded 6.2 not

@@ -115,12 +115,25 @@ def test_token_ids_travel_as_packed_bytes_not_json():
     result = make_result(tokens=tokens, text="x" * 100)
     data = encode(result)
     assert pack_tokens(tokens) in data  # verbatim, 4 bytes per token
-    # MessagePack [4, tag 2, layout 0, record]: 4 header bytes, then the record as an array of its 12 fields:
+    # MessagePack [4, tag 2, layout 0, record]: 4 header bytes, then the record as an array of its 13 fields:
     # a marker byte, strings and bins with their 1 to 3 length bytes, small integers in 1 byte, a float in 9;
-    # the worker's name (empty: 1 byte) and no log-probabilities (an empty bin: 2 bytes).
-    assert data[:5] == b"\x94\x04\x02\x00\x9c"
-    fields = (1 + 4) + 1 + (1 + 6) + 1 + 1 + (2 + 16) + (3 + 4 * 2048) + (2 + 100) + (1 + 4) + 9 + 1 + 2
+    # the worker's name (empty: 1 byte), no log-probabilities (an empty bin: 2 bytes), the incarnation (empty: 1).
+    assert data[:5] == b"\x94\x04\x02\x00\x9d"
+    fields = (1 + 4) + 1 + (1 + 6) + 1 + 1 + (2 + 16) + (3 + 4 * 2048) + (2 + 100) + (1 + 4) + 9 + 1 + 2 + 1
     assert len(data) == 4 + 1 + fields
+
+
+def test_a_note_carries_the_worker_and_incarnation_of_its_sample_and_older_entries_without_them_decode():
+    """The producer travels with the sample to its reward note (a stale note is counted by it); an entry of a writer
+    before these fields (a result of 12 fields, now 13; a note of 11, now 13) decodes with them empty."""
+    result = msgspec.structs.replace(make_result(), worker="rollout-1", incarnation="0123456789ab")
+    assert decode(encode(result)).incarnation == "0123456789ab"
+    note = decode(encode(RewardNote.of(result, "1-0", 0, 1.0, 0.0, False)))
+    assert (note.worker, note.incarnation) == ("rollout-1", "0123456789ab")
+    old_result = msgspec.msgpack.encode((4, 2, 0, list(msgspec.structs.astuple(result))[:12]))
+    assert decode(old_result) == msgspec.structs.replace(result, incarnation="")
+    old_note = msgspec.msgpack.encode((4, 4, 0, list(msgspec.structs.astuple(note))[:11]))
+    assert decode(old_note) == msgspec.structs.replace(note, worker="", incarnation="")
 
 
 def test_records_are_not_tracked_by_the_garbage_collector():

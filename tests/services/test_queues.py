@@ -287,6 +287,7 @@ def test_step_collector_keeps_one_record_per_key_and_counts_drops():
     assert collector.complete and collector.missing == set()
     assert collector.dropped() == {"duplicates": 1, "stale_step": 1, "stale_version": 1, "unexpected": 2,
                                    "unresolved": 0}
+    assert collector.stale_by_producer == {"?@?": 2}  # the stale ones, by who made them (these say nobody)
     assert [(r.prompt_id, r.sample_index) for r in collector.batch()] == [("a", 0), ("a", 1), ("b", 0)]
 
 
