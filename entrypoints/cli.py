@@ -30,6 +30,9 @@ import logging
 import os
 import sys
 
+from entrypoints.cli_args import config_files as _config_files
+from entrypoints.cli_drills import add_drill_commands
+
 
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     from pcl.tiny.build import build_tiny
@@ -102,14 +105,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
     step = "" if meta["step"] is None else f" of step {meta['step']}"
     print(f"pcl: exported the policy{step} ({meta['policy']}) to {out} (loadable with from_pretrained and by vLLM)")
     return 0
-
-
-def _config_files(args: argparse.Namespace) -> tuple[list[str], list[str]]:
-    """CONFIG (where the command has one) plus further YAML files among the arguments (layered in order), and the
-    key=value overrides; no file at all means the defaults."""
-    first = [args.config] if getattr(args, "config", None) else []
-    files = first + [a for a in args.overrides if "=" not in a and a.endswith((".yaml", ".yml"))]
-    return files, [a for a in args.overrides if a not in files]
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -187,29 +182,6 @@ def _cmd_status(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(status, indent=2) if args.json else format_status(status))
     return 0
-
-
-def _cmd_chaos(args: argparse.Namespace) -> int:
-    from entrypoints.chaos import run_chaos
-
-    return run_chaos(args.config, args.overrides, seed=args.seed, faults=args.faults, window_s=args.window,
-                     out=args.out, reference=args.reference, timeout_s=args.timeout, step_s=args.step_seconds)
-
-
-def _cmd_chaos_check(args: argparse.Namespace) -> int:
-    from entrypoints.chaos.check import check_run
-    from pcl.config import load_config
-
-    return check_run(load_config(*_config_files(args)), args.run_dir)
-
-
-def _cmd_soak(args: argparse.Namespace) -> int:
-    from entrypoints.soak import report_again, run_soak
-
-    if args.report_only:
-        return report_again(args.config, args.overrides, args.out, args.warmup)
-    return run_soak(args.config, args.overrides, minutes=args.minutes, out=args.out, sample_s=args.sample_seconds,
-                    warmup_s=args.warmup)
 
 
 def _cmd_probe_batch(args: argparse.Namespace) -> int:
@@ -321,41 +293,7 @@ def _add_run_commands(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the raw JSON instead of a table")
     p.set_defaults(func=_cmd_status)
 
-    p = sub.add_parser("chaos", help="train under a seeded schedule of faults with control-plane traffic, then "
-                       "check that nothing was lost (docs/operations.md)")
-    p.add_argument("config", help="YAML run config, e.g. configs/chaos.yaml")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. run.steps=12")
-    p.add_argument("--seed", type=int, default=0, help="the schedule's seed, also the run's run.seed (default 0)")
-    p.add_argument("--faults", type=int, default=12, help="faults in the schedule (default 12: every kind)")
-    p.add_argument("--window", type=float, help="seconds of training the faults are drawn over (default: 0.7 of "
-                   "the run's expected length, run.steps x --step-seconds)")
-    p.add_argument("--step-seconds", type=float, help="seconds a step takes unfaulted, for the default window "
-                   "(default: measured by a reference run in OUT/reference, else 2.0, configs/chaos.yaml's pace)")
-    p.add_argument("--out", help="output directory (default runs/chaos-<run.name>-seed<S>)")
-    p.add_argument("--reference", action="store_true", help="also train the unfaulted reference and compare "
-                   "the final weights (rollout.deterministic) or held-out accuracy")
-    p.add_argument("--timeout", type=float, help="give up after this many seconds (default 2 x window + 1200)")
-    p.set_defaults(func=_cmd_chaos)
-
-    p = sub.add_parser("chaos-check", help="the invariants of a finished run from its records and its Redis "
-                       "(redis.url / REDIS_URL, or the embedded one's data directory): steps, batches, versions, "
-                       "trackers, streams (docs/operations.md, \"Chaos runs\")")
-    p.add_argument("config", help="the run's YAML config, as it was trained with")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="the run's overrides, e.g. run.steps=12")
-    p.add_argument("--run-dir", required=True, help="the run's directory")
-    p.set_defaults(func=_cmd_chaos_check)
-
-    p = sub.add_parser("soak", help="train for a set time under steady control-plane traffic, sampling every "
-                       "process, Redis, the run's files and Ray's session: what grows? (docs/operations.md)")
-    p.add_argument("config", help="YAML run config, e.g. configs/soak.yaml")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides, e.g. rollout.engine=vllm")
-    p.add_argument("--minutes", type=float, default=60.0, help="minutes of training (default 60)")
-    p.add_argument("--sample-seconds", type=float, default=15.0, help="seconds between samples (default 15)")
-    p.add_argument("--warmup", type=float, metavar="SECONDS", help="seconds of training left out of the slopes "
-                   "(default: the larger of 300 s and a third of the run, and past the first checkpoint)")
-    p.add_argument("--out", help="output directory (default runs/soak-<run.name>-<time>)")
-    p.add_argument("--report-only", action="store_true", help="build the report again from the samples in --out")
-    p.set_defaults(func=_cmd_soak)
+    add_drill_commands(sub)  # chaos, chaos-check, soak: entrypoints/cli_drills.py
 
     p = sub.add_parser("summary", help="headline figures of finished or running runs, side by side")
     p.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")

@@ -75,10 +75,9 @@ class ControlReader(ControlKeys):
 
     def history(self, after_step: int = -1, limit: int = 5000) -> list[dict]:
         """Step records with step > after_step, oldest first."""
-        rows = self.client.zrangebyscore(self.history_key, f"({after_step}", "+inf", start=0, num=limit)
-        return [json.loads(row) for row in rows]
+        return self.history_page(after_step, limit)[0]
 
-    def history_page(self, after_step: int, limit: int, max_bytes: int) -> tuple[list[dict], bool]:
+    def history_page(self, after_step: int, limit: int, max_bytes: float = float("inf")) -> tuple[list[dict], bool]:
         """At most `limit` step records with step > after_step, oldest first, and no more of them than fit in
         `max_bytes` of JSON (always one); and whether more follow."""
         rows = self.client.zrangebyscore(self.history_key, f"({after_step}", "+inf", start=0, num=limit + 1)

@@ -46,16 +46,13 @@ import msgspec
 import numpy as np
 
 from pcl.engines.request import RolloutRequest, SamplingParams
+from services.streams.packed import (  # noqa: F401 - re-exported: the stream layer imports them here
+    LOGPROB_DTYPE, TOKEN_DTYPE, PayloadError, check_packed, pack_logprobs, pack_tokens, unpack_logprobs,
+    unpack_tokens)
 
 # 4: a request's sampling is the engine's SamplingParams (with n); 3: MessagePack [version, tag, layout, body];
 # 2 was a hand-packed struct layout
 WIRE_VERSION = 4
-TOKEN_DTYPE = np.dtype("<u4")  # vocabularies of Qwen3 / Llama (150k+) need more than 16 bits
-LOGPROB_DTYPE = np.dtype("<f4")  # a sampled token's log-probability as the engine reported it
-
-
-class PayloadError(ValueError):
-    """Bytes that are not an encoded record, or a record with a field out of range."""
 
 
 class BadLogprobs(PayloadError):
@@ -77,36 +74,6 @@ class RecordKey(NamedTuple):
     policy_version: int
 
 
-def pack_tokens(token_ids: Sequence[int] | np.ndarray) -> bytes:
-    """Token ids -> little-endian uint32 bytes (4 bytes per token). Raises PayloadError on ids outside uint32."""
-    ids = np.asarray(token_ids)
-    if ids.ndim != 1:
-        raise PayloadError(f"token ids must be one-dimensional, got shape {ids.shape}")
-    if ids.size and (ids.dtype.kind not in "iu" or ids.min() < 0 or ids.max() > np.iinfo(np.uint32).max):
-        raise PayloadError(f"token ids must be integers in [0, 2**32), got dtype {ids.dtype} "
-                           f"with range [{ids.min()}, {ids.max()}]")
-    return ids.astype(TOKEN_DTYPE, copy=False).tobytes()
-
-
-def unpack_tokens(packed: bytes) -> np.ndarray:
-    """Packed bytes -> read-only uint32 array of shape [num_tokens] (a view, no copy)."""
-    if len(packed) % TOKEN_DTYPE.itemsize:
-        raise PayloadError(f"packed token ids have {len(packed)} bytes, not a multiple of {TOKEN_DTYPE.itemsize}")
-    return np.frombuffer(packed, dtype=TOKEN_DTYPE)
-
-
-def pack_logprobs(logprobs: Sequence[float] | np.ndarray) -> bytes:
-    """Log-probabilities -> little-endian float32 bytes (4 bytes per token, like pack_tokens)."""
-    return np.asarray(logprobs, dtype=LOGPROB_DTYPE).reshape(-1).tobytes()
-
-
-def unpack_logprobs(packed: bytes) -> np.ndarray:
-    """Packed bytes -> read-only float32 array of shape [num_tokens] (a view, no copy)."""
-    if len(packed) % LOGPROB_DTYPE.itemsize:
-        raise PayloadError(f"packed log-probabilities have {len(packed)} bytes, not a multiple of 4")
-    return np.frombuffer(packed, dtype=LOGPROB_DTYPE)
-
-
 def check_logprobs(records: Sequence["RolloutResult"]) -> None:
     """BadLogprobs naming the first record whose log-probabilities are not all finite and <= 0 (a NaN or an infinity
     from the engine would poison the learner's off-policy weights and log-prob gaps). One vectorised pass over the
@@ -126,12 +93,6 @@ def check_logprobs(records: Sequence["RolloutResult"]) -> None:
                               f"sample {key.sample_index} (policy version {key.policy_version}): engine "
                               f"log-probability {logprobs[bad[0]]} at response token {bad[0]} ({bad.size} of "
                               f"{logprobs.size} tokens not a finite number <= 0)", key)
-
-
-def _check_packed(name: str, packed: bytes) -> None:
-    if not isinstance(packed, bytes) or len(packed) % TOKEN_DTYPE.itemsize:
-        raise PayloadError(f"{name} must be packed uint32 bytes (see pack_tokens), got {type(packed).__name__} "
-                           f"of length {len(packed) if hasattr(packed, '__len__') else '?'}")
 
 
 def _check_text(record: object, names: tuple[str, ...]) -> None:
@@ -164,7 +125,7 @@ class RequestRecord(_Wire):
     sampling: SamplingParams  # the engine's own: n, temperature, top-p, top-k, length limit, seed
 
     def __post_init__(self) -> None:
-        _check_packed("prompt_token_ids", self.prompt_token_ids)
+        check_packed("prompt_token_ids", self.prompt_token_ids)
         _check_text(self, ("run", "prompt_id"))
         if not isinstance(self.sampling, SamplingParams):
             raise PayloadError(f"RequestRecord.sampling must be SamplingParams, "
@@ -214,8 +175,8 @@ class RolloutResult(_Wire):
     incarnation: str = ""  # the worker's process that generated it (services/incarnations.py: its node, host, pid)
 
     def __post_init__(self) -> None:
-        _check_packed("prompt_token_ids", self.prompt_token_ids)
-        _check_packed("token_ids", self.token_ids)
+        check_packed("prompt_token_ids", self.prompt_token_ids)
+        check_packed("token_ids", self.token_ids)
         if not isinstance(self.logprobs, bytes) or (self.logprobs and len(self.logprobs) != len(self.token_ids)):
             raise PayloadError(f"{type(self).__name__} for prompt {self.prompt_id!r}: logprobs must be b\"\" or one "
                                f"packed float32 per response token ({len(self.token_ids) // 4}), got "

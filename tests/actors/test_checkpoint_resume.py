@@ -25,9 +25,14 @@ REPO = Path(__file__).resolve().parents[2]
 T = 3
 
 
+def run_overrides(t: int = T) -> list[str]:
+    """The run's config overrides: 2t deterministic steps, a checkpoint every t."""
+    return [*FAST, f"run.steps={2 * t}", f"checkpoint.every={t}", "rollout.deterministic=true"]
+
+
 def train_args(run_dir: Path, *extra: str, t: int = T) -> list[str]:
-    return [sys.executable, "-m", "entrypoints.cli", "train", "configs/tiny.yaml", *FAST, f"run.steps={2 * t}",
-            f"checkpoint.every={t}", "rollout.deterministic=true", "--run-dir", str(run_dir), *extra]
+    return [sys.executable, "-m", "entrypoints.cli", "train", "configs/tiny.yaml", *run_overrides(t),
+            "--run-dir", str(run_dir), *extra]
 
 
 def pcl_train(run_dir: Path, *extra: str, t: int = T, **kwargs):
@@ -61,12 +66,11 @@ def test_a_sigkilled_driver_resumes_every_step_once_to_the_same_prompts_and_weig
     from pcl.config import load_config
 
     def train_here(run_dir: Path, resume: str | None = None) -> str:
-        cfg = load_config("configs/tiny.yaml", train_args(run_dir, t=2)[5:-2])
+        cfg = load_config("configs/tiny.yaml", run_overrides(t=2))
         assert run_training(cfg, run_dir=str(run_dir), resume=resume) == 0
         return capsys.readouterr().out
 
-    sigkill_and_resume(tmp_path, (), t=2, straight=lambda run_dir: train_here(run_dir),
-                       resume=lambda run_dir: train_here(run_dir, resume=""))
+    sigkill_and_resume(tmp_path, (), t=2, straight=train_here, resume=lambda run_dir: train_here(run_dir, resume=""))
 
 
 @pytest.mark.slow
