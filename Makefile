@@ -80,12 +80,19 @@ test-all: $(STAMP) test-tools
 
 # The docker-compose deployment for real: builds the images (deploy/build.sh), brings up the cpu profile's Ray
 # cluster of containers, trains the tiny run as a Ray job, tears it down (docs/deploy.md; several minutes).
-.PHONY: test-deploy
-test-deploy: $(STAMP)
-	@docker info >/dev/null 2>&1 || { echo "make: test-deploy needs a running Docker engine (docs/deploy.md, 'The images')"; exit 2; }
-	@docker compose version >/dev/null 2>&1 || { echo "make: test-deploy needs Docker Compose v2 (the 'docker compose' plugin; docs/deploy.md, 'Testing the deployment')"; exit 2; }
-	@docker buildx version >/dev/null 2>&1 || { echo "make: test-deploy needs BuildKit (the 'docker buildx' plugin; docs/deploy.md)"; exit 2; }
+.PHONY: test-deploy test-deploy-head docker-ready
+test-deploy: $(STAMP) docker-ready
 	PCL_TEST_DEPLOY=1 $(BIN)/python -m pytest tests/deploy/test_compose_cluster.py -m slow -q -s -p no:cacheprovider
+
+# The same cluster losing its Ray head mid-run (docs/deploy.md, "Losing the head"): the worker nodes and a detached
+# actor outlive it (GCS fault tolerance), the run resumes from its checkpoint with every invariant held (minutes).
+test-deploy-head: $(STAMP) docker-ready
+	PCL_TEST_DEPLOY=1 $(BIN)/python -m pytest tests/deploy/test_compose_head_restart.py -m slow -q -s -p no:cacheprovider
+
+docker-ready:
+	@docker info >/dev/null 2>&1 || { echo "make: $(MAKECMDGOALS) needs a running Docker engine (docs/deploy.md, 'The images')"; exit 2; }
+	@docker compose version >/dev/null 2>&1 || { echo "make: $(MAKECMDGOALS) needs Docker Compose v2 (the 'docker compose' plugin; docs/deploy.md, 'Testing the deployment')"; exit 2; }
+	@docker buildx version >/dev/null 2>&1 || { echo "make: $(MAKECMDGOALS) needs BuildKit (the 'docker buildx' plugin; docs/deploy.md)"; exit 2; }
 
 # The dashboard test drives Debian's headless Chromium and the monitoring test a real Prometheus; installed here
 # when missing and apt is available. Without them those tests skip, naming what is missing.

@@ -18,26 +18,21 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 import subprocess
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from tests.actors.faults import FAST, assert_each_step_once_and_exact_batches, steps_logged
-from tests.deploy.ray_cluster import free_port
+from tests.deploy.compose import (REPO, Deployment, compose_cluster, http, run_dir_steps, sh, state,
+                                  wait_for_workers)
 
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(os.environ.get("PCL_TEST_DEPLOY") != "1",
                        reason="builds images and runs containers: `make test-deploy` (PCL_TEST_DEPLOY=1)"),
 ]
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 40  # ~0.3 s each: the kill after step 2 lands well before the end
 PLACEMENT = ["rollout.resources={rollout: 1}", "verifier.resources={rollout: 0.5}",
              "learner.resources={learner: 1}", "value.resources={learner: 0.5}"]
@@ -45,111 +40,12 @@ RUN = [a for a in FAST if not a.startswith("control.port=")] + [f"run.steps={STE
 TIMINGS: dict[str, float] = {}
 
 
-def sh(*args: str, timeout: float = 120, check: bool = True, env: dict | None = None) -> str:
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc.stdout
-
-
-class Deployment:
-    """One compose project of the cpu profile, on free 127.0.0.1 ports, with fresh secrets."""
-
-    def __init__(self) -> None:
-        self.project = f"pcltest{os.getpid()}"
-        self.ports = {name: free_port() for name in
-                      ("PCL_CONTROL_PORT", "RAY_DASHBOARD_PORT", "PROMETHEUS_PORT", "GRAFANA_PORT")}
-        self.secrets = {"PCL_API_TOKEN": secrets.token_hex(16), "REDIS_PASSWORD": secrets.token_hex(16),
-                        "RAY_AUTH_TOKEN": secrets.token_hex(16), "GRAFANA_ADMIN_PASSWORD": secrets.token_hex(16)}
-        self.env = {**os.environ, **{k: str(v) for k, v in self.ports.items()}, **self.secrets}
-
-    def compose(self, *args: str, timeout: float = 300, check: bool = True) -> str:
-        return sh("docker", "compose", "-p", self.project, "--profile", "cpu", *args, timeout=timeout,
-                  check=check, env=self.env)
-
-    def url(self, name: str, path: str) -> str:
-        return f"http://127.0.0.1:{self.ports[name]}{path}"
-
-    def container(self, service: str) -> str:
-        return self.compose("ps", "-q", service).strip()
-
-    def ip(self, service: str) -> str:
-        return sh("docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
-                  self.container(service)).strip()
-
-    def leftovers(self) -> dict[str, list[str]]:
-        label = f"label=com.docker.compose.project={self.project}"
-        return {"containers": sh("docker", "ps", "-aq", "--filter", label).split(),
-                "networks": sh("docker", "network", "ls", "-q", "--filter", label).split(),
-                "volumes": sh("docker", "volume", "ls", "-q", "--filter", label).split()}
-
-    def down(self) -> None:
-        sh("docker", "compose", "-p", self.project, "--profile", "cpu", "--profile", "grafana", "down", "-v",
-           "--remove-orphans", "--timeout", "5", timeout=180, check=False, env=self.env)
-
-
-def http(url: str, method: str = "GET", token: str | None = None, body: dict | None = None) -> tuple[int, str]:
-    """(status, body) of one request to 127.0.0.1; errors are statuses, not exceptions."""
-    assert url.startswith("http://127.0.0.1:"), url
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method)
-    if token:
-        request.add_header("Authorization", f"Bearer {token}")
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-        return 0, str(exc)
-
-
-def state(d: Deployment, what: str) -> list[dict]:
-    """Ray's state API (`/api/v0/actors`, `/api/v0/nodes`) on the head's published dashboard port."""
-    status, body = http(d.url("RAY_DASHBOARD_PORT", f"/api/v0/{what}?detail=1&limit=10000"),
-                        token=d.secrets["RAY_AUTH_TOKEN"])
-    assert status == 200, (what, status, body[:500])
-    data = json.loads(body)["data"]["result"]
-    return data["result"] if isinstance(data, dict) else data
-
-
-def alive_resources(d: Deployment) -> set[str]:
-    """The resources the cluster's alive nodes offer; none while the head's API does not answer yet."""
-    try:
-        return {r for n in state(d, "nodes") if n["state"] == "ALIVE" for r in n["resources_total"]}
-    except AssertionError:
-        return set()
-
-
-def run_dir_steps(d: Deployment) -> list[int]:
-    out = d.compose("exec", "-T", "ray-cpu-head", "cat", "/runs/tiny/metrics.jsonl", check=False)
-    return [r["step"] for r in (json.loads(line) for line in out.splitlines() if line.strip())
-            if "effective_ratio" in r]
-
-
 @pytest.fixture(scope="module")
 def deployment():
-    if shutil.which("docker") is None or subprocess.run(["docker", "info"], capture_output=True).returncode:
-        pytest.fail("make test-deploy needs a running Docker engine (docs/deploy.md, Testing the deployment)")
-    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode:
-        pytest.fail("make test-deploy needs Docker Compose v2 (`docker compose`)")
-    started = time.monotonic()
-    build = subprocess.run(["deploy/build.sh"], cwd=REPO, capture_output=True, text=True, timeout=3600)
-    assert build.returncode == 0, build.stderr[-5000:]
-    TIMINGS["build_s"] = time.monotonic() - started
-    print("\n" + build.stdout.strip())
-    d = Deployment()
     try:
-        started = time.monotonic()
-        d.compose("up", "-d", "--wait", "--no-build", timeout=600)
-        TIMINGS["up_s"] = time.monotonic() - started
-        yield d
+        with compose_cluster("", TIMINGS) as d:
+            yield d
     finally:
-        started = time.monotonic()
-        d.down()
-        TIMINGS.setdefault("down_s", time.monotonic() - started)
         print("\ntest-deploy timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in TIMINGS.items()))
 
 
@@ -167,12 +63,7 @@ def test_the_tiny_run_as_a_ray_job_survives_a_killed_worker_container(deployment
     d = deployment
     status, _ = http(d.url("RAY_DASHBOARD_PORT", "/api/v0/nodes"))
     assert status in (401, 403), status  # the job API and the state API ask for Ray's token
-    # The workers join the head (on a busy host a worker's first start can time out; its restart policy retries).
-    started, deadline = time.monotonic(), time.monotonic() + 600
-    while not {"rollout", "learner"} <= alive_resources(d):
-        assert time.monotonic() < deadline, "the worker containers never joined the head"
-        time.sleep(2)
-    TIMINGS["workers_joined_s"] = time.monotonic() - started
+    TIMINGS["workers_joined_s"] = wait_for_workers(d)
     rollout_ips = {d.ip("ray-cpu-worker-rollout")}
     learner_ip = d.ip("ray-cpu-worker-learner")
     started = time.monotonic()

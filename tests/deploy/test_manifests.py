@@ -77,6 +77,30 @@ def test_every_ray_node_takes_the_run_configs_ray_timeouts_from_its_environment(
         assert RayConfig().ray_start_env().items() <= env.items(), name
 
 
+def test_heads_keep_rays_state_in_a_redis_of_their_own(compose):
+    """GCS fault tolerance (docs/deploy.md, "Losing the head"): both heads' GCS on gcs-redis, not on the work
+    streams' Redis; the password only the heads hold; gcs-redis persisted and health-checked like Redis."""
+    services = compose["services"]
+    gcs = services["gcs-redis"]
+    assert gcs["image"] == services["redis"]["image"] and gcs["command"] == services["redis"]["command"]
+    assert gcs["environment"]["REDIS_PASSWORD"].startswith("${RAY_GCS_REDIS_PASSWORD:?")
+    assert gcs["environment"]["REDIS_MAXMEMORY"] == "${RAY_GCS_REDIS_MAXMEMORY:-256mb}"
+    assert gcs["volumes"] == ["gcs-redis-data:/data"] and "gcs-redis-data" in compose["volumes"]
+    assert gcs["healthcheck"]["test"] == services["redis"]["healthcheck"]["test"] and "ports" not in gcs
+    for name in ("ray-cpu-head", "ray-head"):
+        head = services[name]
+        assert head["environment"]["RAY_REDIS_ADDRESS"] == "gcs-redis:6379", name
+        assert head["environment"]["RAY_external_storage_namespace"] == "${RAY_GCS_NAMESPACE:-pcl}", name
+        assert head["depends_on"]["gcs-redis"] == {"condition": "service_healthy"}, name
+        password = [a for a in head["command"] if a.startswith("--redis-password=")]
+        assert password == ["--redis-password=" + gcs["environment"]["REDIS_PASSWORD"]], name
+        assert head["restart"] == "unless-stopped", name  # a head whose GCS died comes back by itself
+    for name, service in services.items():  # nothing else holds the GCS Redis' password or address
+        if name not in ("ray-cpu-head", "ray-head", "gcs-redis"):
+            assert "RAY_GCS_REDIS_PASSWORD" not in json.dumps(service), name
+            assert "RAY_REDIS_ADDRESS" not in service.get("environment", {}), name
+
+
 def test_gpu_workers_reserve_gpus_and_shared_memory(compose):
     worker = compose["services"]["ray-gpu-worker"]
     devices = worker["deploy"]["resources"]["reservations"]["devices"]
@@ -125,7 +149,7 @@ def test_cpu_profile_is_the_gpu_profile_without_gpus(compose):
     gpu = {name for name, s in services.items() if "gpu" in s.get("profiles", [])}
     always = {name for name, s in services.items() if not s.get("profiles")}
     assert cpu == {"ray-cpu-head", "ray-cpu-worker-rollout", "ray-cpu-worker-learner"}
-    assert gpu == {"ray-head", "ray-gpu-worker"} and always == {"redis", "prometheus"}
+    assert gpu == {"ray-head", "ray-gpu-worker"} and always == {"redis", "gcs-redis", "prometheus"}
     # the submitters have profiles of their own: `up` submits nothing, `run` starts the one it names
     assert services["submit-cpu"]["profiles"] == ["cpu-submit"] and services["submit"]["profiles"] == ["gpu-submit"]
     for name in cpu | always | {"submit-cpu"}:
@@ -185,6 +209,35 @@ def test_mounted_files_exist_and_grafana_gets_the_pcl_dashboard(compose):
 def test_raycluster_and_rayjob_validate_against_the_crds(manifests):
     stored = {kind: validate(obj) for (kind, _), obj in manifests.items() if kind in ("RayCluster", "RayJob")}
     assert set(stored) == {"RayCluster", "RayJob"}
+
+
+def test_raycluster_keeps_its_gcs_state_in_a_redis_of_its_own(manifests):
+    """KubeRay's gcsFaultToleranceOptions on gcs-redis.yaml's Service and Secret, within the rules KubeRay's
+    validation adds to the CRD's schema (ray-operator/controllers/ray/utils/validation.go): with these options the
+    head sets neither REDIS_PASSWORD, RAY_REDIS_ADDRESS nor rayStartParams' redis-password (KubeRay does)."""
+    cluster = manifests[("RayCluster", "pcl")]
+    options = validate(cluster)["spec"]["gcsFaultToleranceOptions"]
+    host, port = options["redisAddress"].split(":")
+    service = manifests[("Service", host)]["spec"]
+    assert service["ports"][0]["port"] == int(port) and service["selector"] == {"app.kubernetes.io/name": host}
+    redis = manifests[("StatefulSet", host)]["spec"]["template"]["spec"]["containers"][0]
+    secret = options["redisPassword"]["valueFrom"]["secretKeyRef"]
+    assert secret == {"name": "pcl-gcs-redis", "key": "password"}
+    assert {e["name"]: e["valueFrom"]["secretKeyRef"] for e in redis["env"] if "valueFrom" in e} == \
+        {"REDIS_PASSWORD": secret, "REDISCLI_AUTH": secret}
+    assert redis["args"] == manifests[("StatefulSet", "pcl-redis")]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "externalStorageNamespace" not in options  # KubeRay's default: the RayCluster's UID
+    head = cluster["spec"]["headGroupSpec"]
+    names = {e["name"] for e in head["template"]["spec"]["containers"][0]["env"]}
+    assert not names & {"REDIS_PASSWORD", "RAY_REDIS_ADDRESS", "REDIS_USERNAME"}, names
+    assert "redis-password" not in head["rayStartParams"]
+    for group in cluster["spec"]["workerGroupSpecs"]:  # KubeRay's 600 s applies where the env sets none
+        env = {e["name"] for e in group["template"]["spec"]["containers"][0]["env"]}
+        assert "RAY_gcs_rpc_server_reconnect_timeout_s" not in env, group["groupName"]
+    bad = json.loads(json.dumps(cluster))
+    bad["spec"]["gcsFaultToleranceOptions"]["backend"] = "etcd"
+    with pytest.raises(jsonschema.ValidationError, match="etcd"):
+        validate(bad)
 
 
 def test_crd_validator_rejects_unknown_fields_and_wrong_types(manifests):

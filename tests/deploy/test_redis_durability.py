@@ -44,10 +44,14 @@ def start(data_dir: Path, port: int) -> subprocess.Popen:
 
 
 def test_the_deployments_redis_fsyncs_every_write_before_it_answers():
+    """Both Redis servers of each deployment: the work streams' and Ray's own (the GCS' state)."""
     assert " ".join(compose_redis_args()).count("--appendfsync always") == 1
-    kuberay = next(d for d in yaml.safe_load_all((REPO / "deploy" / "kuberay" / "redis.yaml").read_text())
-                   if d["kind"] == "StatefulSet")
-    assert kuberay["spec"]["template"]["spec"]["containers"][0]["args"] == compose_redis_args()
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    assert compose["gcs-redis"]["command"] == compose_redis_args()
+    for name in ("redis.yaml", "gcs-redis.yaml"):
+        kuberay = next(d for d in yaml.safe_load_all((REPO / "deploy" / "kuberay" / name).read_text())
+                       if d["kind"] == "StatefulSet")
+        assert kuberay["spec"]["template"]["spec"]["containers"][0]["args"] == compose_redis_args(), name
 
 
 def test_a_sigkilled_deployment_redis_keeps_every_entry_it_acknowledged(tmp_path):

@@ -82,6 +82,17 @@ def test_redis_requires_a_password_from_the_environment_carried_in_redis_url(com
     assert redis["environment"]["REDIS_MAXMEMORY"] == "${REDIS_MAXMEMORY:-2gb}"
 
 
+def test_the_gcs_redis_asks_for_a_password_of_its_own_that_only_the_heads_hold(compose):
+    """Ray puts it on the head's command lines (`ray start --redis-password`; Ray passes it on to its GCS server and
+    raylet there, docs/deploy.md): never the work Redis' password, which every node holds, and no other node's."""
+    gcs = compose["services"]["gcs-redis"]
+    assert gcs["environment"]["REDIS_PASSWORD"].startswith("${RAY_GCS_REDIS_PASSWORD:?")  # required, no default
+    assert gcs["environment"]["REDISCLI_AUTH"] == gcs["environment"]["REDIS_PASSWORD"]
+    assert not any("pass" in arg for arg in gcs["command"])  # redis-server reads it from a file
+    holders = {name for name, s in compose["services"].items() if "RAY_GCS_REDIS_PASSWORD" in str(s)}
+    assert holders == {"gcs-redis", "ray-cpu-head", "ray-head"}
+
+
 def test_kuberay_redis_asks_for_the_secrets_password_and_caps_its_memory(kuberay):
     redis = kuberay[("StatefulSet", "pcl-redis")]["spec"]["template"]["spec"]
     container = redis["containers"][0]
@@ -99,8 +110,8 @@ def test_kuberay_redis_asks_for_the_secrets_password_and_caps_its_memory(kuberay
         env = pod["spec"]["containers"][0]["env"]
         names = [e["name"] for e in env]
         url = next(e["value"] for e in env if e["name"] == "REDIS_URL")
-        assert url == "redis://:$(REDIS_PASSWORD)@pcl-redis:6379/0"
-        assert names.index("REDIS_PASSWORD") < names.index("REDIS_URL")  # $(VAR) expands earlier entries only
+        assert url == "redis://:$(PCL_REDIS_PASSWORD)@pcl-redis:6379/0"
+        assert names.index("PCL_REDIS_PASSWORD") < names.index("REDIS_URL")  # $(VAR) expands earlier entries only
 
 
 def test_secrets_are_created_outside_the_kustomization(kuberay):
@@ -108,7 +119,7 @@ def test_secrets_are_created_outside_the_kustomization(kuberay):
     for path in KUBERAY.glob("*.yaml"):
         assert all(d.get("kind") != "Secret" for d in yaml.safe_load_all(path.read_text()) if d), path
     text = (KUBERAY / "kustomization.yaml").read_text()
-    for name in ("pcl-api-token", "pcl-redis"):
+    for name in ("pcl-api-token", "pcl-redis", "pcl-gcs-redis"):
         assert f"kubectl create secret generic {name}" in text, name
 
 
@@ -128,6 +139,11 @@ def test_network_policies_let_only_the_ray_pods_reach_redis_and_the_heads_ray_po
     redis = kuberay[("NetworkPolicy", "pcl-redis")]["spec"]
     assert redis["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "pcl-redis"}
     assert redis["ingress"] == [{"from": [ray_pods], "ports": [{"port": 6379, "protocol": "TCP"}]}]
+    gcs = kuberay[("NetworkPolicy", "pcl-gcs-redis")]["spec"]  # Ray's own Redis: the head and KubeRay's cleanup
+    assert gcs["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "pcl-gcs-redis"}
+    assert [p["podSelector"]["matchLabels"] for p in gcs["ingress"][0]["from"]] == \
+        [{"ray.io/cluster": "pcl", "ray.io/node-type": kind} for kind in ("head", "redis-cleanup")]
+    assert len(gcs["ingress"]) == 1 and gcs["ingress"][0]["ports"] == [{"port": 6379, "protocol": "TCP"}]
     head = kuberay[("NetworkPolicy", "pcl-ray-head")]
     assert head["spec"]["podSelector"]["matchLabels"] == {"ray.io/cluster": "pcl", "ray.io/node-type": "head"}
     assert reachable_from_anywhere(head) == {8600, 8080}  # the control plane (token) and metrics, not 8265/10001
