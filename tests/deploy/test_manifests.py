@@ -240,6 +240,20 @@ def test_raycluster_keeps_its_gcs_state_in_a_redis_of_its_own(manifests):
         validate(bad)
 
 
+def test_every_raycluster_node_takes_the_run_configs_health_checks_from_its_environment(manifests):
+    """As on compose: the head's GCS runs the health checks that declare a node dead, so the RayCluster's nodes
+    carry the `ray` section's health-check defaults in their environment (docs/operations.md, "Timeouts on a
+    cluster"); the head reconnect timeout is KubeRay's own 600 s with GCS fault tolerance (the test above)."""
+    from pcl.config_ray import RayConfig
+
+    wanted = {k: v for k, v in RayConfig().ray_start_env().items() if k.startswith("RAY_health_check")}
+    spec = manifests[("RayCluster", "pcl")]["spec"]
+    groups = {"head": spec["headGroupSpec"], **{g["groupName"]: g for g in spec["workerGroupSpecs"]}}
+    for name, group in groups.items():
+        env = {e["name"]: e.get("value") for e in group["template"]["spec"]["containers"][0]["env"]}
+        assert wanted.items() <= env.items(), (name, sorted(env))
+
+
 def test_crd_validator_rejects_unknown_fields_and_wrong_types(manifests):
     cluster = json.loads(json.dumps(manifests[("RayCluster", "pcl")]))
     cluster["spec"]["headGroupSpec"]["rayStartParam"] = {"num-cpus": "0"}  # a typo the server would prune
