@@ -130,6 +130,30 @@ def gather(refs: list, timeout_s: float, what: str) -> list:
     return ray.get(list(refs))
 
 
+def gather_answered(refs: list, timeout_s: float, what: str, laggard_s) -> list[bool]:
+    """`gather` that does not wait for laggards: once some calls answered, the others get `laggard_s(seconds the
+    slowest answer took)` more, and those still unanswered then are left (False; their calls stay queued on their
+    actors). Any failure raises at once; TimeoutError naming `what` when none answered within timeout_s."""
+    import time
+
+    import ray
+
+    start = time.monotonic()
+    index = {ref: i for i, ref in enumerate(refs)}
+    pending, answered = list(refs), {}
+    while pending:
+        now = time.monotonic()
+        if answered and now - start >= laggard_s(max(answered.values())):
+            break
+        if now - start >= timeout_s:
+            raise TimeoutError(f"{what}: {len(pending)} of {len(refs)} calls unanswered after {timeout_s:g}s")
+        ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+        for ref in ready:
+            ray.get(ref)  # raises the first failure at once
+            answered[index[ref]] = time.monotonic() - start
+    return [i in answered for i in range(len(refs))]
+
+
 class ServingThread:
     """A worker actor's serving loop (`services.streams.workers.serve_forever`) in a daemon thread, which can be
     stopped and made anew: `quiesce` stops it (the pass under way ends first) and readies a new, unstarted one that

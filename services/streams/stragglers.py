@@ -6,17 +6,19 @@ restart. The coordinator's side, run while it waits for a step's samples (`Rollo
     watch.hand_over(collector.missing)           # copies of what stragglers hold, for the live workers
     watch.straggling("rollout"); watch.stuck()   # left out of the next chunks and weight syncs; to restart
 
-A worker's progress comes from its heartbeat (services/incarnations.py): each beat says how long the pass under
-way of its serving loop has run (`busy_s`) and how many samples it holds; a process that stopped (SIGSTOP, a frozen
-node) or died beats no more. A worker has made no progress for `stalled_s`: the pass under way's age (its age at
-the last beat plus the time since), or, idle, the time since its last beat less a beat's grace. It is a straggler
-when that exceeds its straggler timeout (`rollout.straggler_timeout_s`, `verifier.straggler_timeout_s`; null:
-max(STRAGGLER_MIN_S, STRAGGLER_FACTOR x the samples its pass holds x the fleet's measured seconds per sample) and
-stuck past `*.stuck_timeout_s`.
+A worker's progress comes from its heartbeat (services/incarnations.py): each beat says how long its serving loop
+has gone without progress in the pass under way (`busy_s`: since it took its work or its last engine call ended)
+and on how many samples (an engine call's, a verifier pass's); a process that stopped (SIGSTOP, a frozen node) or
+died beats no more. A worker has made no progress for `stalled_s`: that time (at the last beat, plus the time
+since), or, idle, the time since its last beat less a beat's grace. It is a straggler when that exceeds its
+straggler timeout (`rollout.straggler_timeout_s`, `verifier.straggler_timeout_s`; null: max(STRAGGLER_MIN_S,
+STRAGGLER_FACTOR x the samples it works on x the fleet's measured seconds per sample), and stuck past
+`*.stuck_timeout_s` when it is a straggler too (so a healthy long engine call is never restarted).
 
-An entry a consumer holds is handed over when it has been held past the straggler timeout of its samples and is
-not being served by a healthy pass: its consumer is a straggler, beats no heartbeat, or its pass under way began
-after the entry was delivered (a restarted worker: the entry is its previous process's). What is still missing of
+An entry a consumer holds is handed over when no healthy pass serves it: the pass of its consumer that took it
+(the pass that began when the entry was delivered) has made no progress for its straggler timeout, or no pass of
+its consumer took it (a restarted worker: the entry is its previous process's; a consumer without a heartbeat)
+and it has been held past the straggler timeout of its samples. What is still missing of
 it is put again as new entries (a rollout chunk cut for the live workers): the first copy verified is collected,
 the other is dropped as a duplicate or, after the step commits, as stale, counted by its producer
 (services/streams/collector.py). The entry itself stays with its holder, which acknowledges it if it thaws; an entry
@@ -53,9 +55,10 @@ class WorkerState:
     instance: str  # "rollout-1": its consumer name in the stream it takes
     incarnation: str  # the process
     actor: str  # its Ray actor's id ("" outside Ray): a restart is asked of that actor only
-    busy_s: float  # the pass under way's age now (0: waiting for work)
-    samples: int  # the samples that pass holds
-    stalled_s: float  # how long it has made no progress: the pass's age, or (idle) its silence past a beat's grace
+    busy_s: float  # how long its pass under way has made no progress, now (0: waiting for work)
+    pass_s: float  # that pass's age, now: the entries it took were delivered about this long ago
+    samples: int  # the samples it works on (an engine call's, a verifier pass's)
+    stalled_s: float  # how long it has made no progress: busy_s, or (idle) its silence past a beat's grace
 
 
 def read_states(client, run: str) -> dict[str, WorkerState]:
@@ -72,11 +75,12 @@ def read_states(client, run: str) -> dict[str, WorkerState]:
             continue
         silent = max(0.0, (now_ms - entry["last_ms"]) / 1000)
         progress = entry.get("progress") or {}
-        busy = float(progress.get("busy_s", 0.0))
-        busy_now = busy + silent if busy > 0 else 0.0
-        stalled = busy_now if busy > 0 else max(0.0, silent - SILENT_GRACE_S)
+        busy, in_pass = float(progress.get("busy_s", 0.0)), float(progress.get("pass_s", 0.0))
+        busy_now = busy + silent if in_pass > 0 else 0.0
+        stalled = busy_now if in_pass > 0 else max(0.0, silent - SILENT_GRACE_S)
         states[instance] = WorkerState(instance, entry["incarnation"], entry.get("actor", ""), busy_now,
-                                       int(progress.get("samples", 0)), stalled)
+                                       in_pass + silent if in_pass > 0 else 0.0, int(progress.get("samples", 0)),
+                                       stalled)
     return states
 
 
@@ -136,9 +140,15 @@ class StragglerWatch:
         return out
 
     def stuck(self) -> list[WorkerState]:
-        """Workers without progress for their role's stuck timeout: to be restarted."""
-        return [state for name, state in sorted(self.states.items())
-                if (limit := self.timeouts[name.rsplit("-", 1)[0]].stuck_s) is not None and state.stalled_s > limit]
+        """Workers without progress for their role's stuck timeout, and for their straggler timeout (where it is
+        known): to be restarted."""
+        out = []
+        for name, state in sorted(self.states.items()):
+            timeout = self.timeouts[name.rsplit("-", 1)[0]]
+            straggler = timeout.for_samples(state.samples)
+            if timeout.stuck_s is not None and state.stalled_s > max(timeout.stuck_s, straggler or 0.0):
+                out.append(state)
+        return out
 
     def observe(self, batch: Iterable) -> None:
         """Measure the seconds per sample of the work in a collected batch (RewardRecords)."""
@@ -156,7 +166,7 @@ class StragglerWatch:
 
     def _hand_over(self, role: str, missing: set[tuple[str, int]]) -> int:
         queue, timeout = self.queues[role], self.timeouts[role]
-        floor = min(timeout.fixed or STRAGGLER_MIN_S, STRAGGLER_MIN_S)
+        floor = min(timeout.fixed or STRAGGLER_MIN_S, STRAGGLER_MIN_S)  # no limit is shorter
         held = [(entry_id, consumer, idle_ms / 1000) for entry_id, consumer, idle_ms in queue.held()
                 if entry_id not in self.handed and floor < idle_ms / 1000 and idle_ms < queue.visibility_ms]
         if not held:
@@ -165,8 +175,7 @@ class StragglerWatch:
         copies: list[tuple[str, str, list]] = []
         for entry_id, consumer, idle_s in held:
             records = entries[entry_id] or []
-            limit = timeout.for_samples(sum(_samples(r) for r in records))
-            if limit is None or idle_s <= limit or self._served(consumer, idle_s, limit):
+            if not self._abandoned(role, consumer, idle_s, sum(_samples(r) for r in records)):
                 continue
             wanted = [r for r in records if any(key in missing for key in _keys(r))]
             self.handed.add(entry_id)
@@ -174,10 +183,14 @@ class StragglerWatch:
                 copies.append((entry_id, consumer, wanted))
         return self._put_copies(role, copies)
 
-    def _served(self, consumer: str, idle_s: float, limit: float) -> bool:
-        """Whether `consumer` serves the entry in a healthy pass: the pass under way took it and is within `limit`."""
-        state = self.states.get(consumer)
-        return state is not None and abs(state.busy_s - idle_s) <= BUSY_SLACK_S and state.stalled_s <= limit
+    def _abandoned(self, role: str, consumer: str, idle_s: float, samples: int) -> bool:
+        """Whether no healthy pass serves an entry of `samples` that `consumer` has held for idle_s."""
+        timeout, state = self.timeouts[role], self.states.get(consumer)
+        if state is None or abs(state.pass_s - idle_s) > BUSY_SLACK_S:  # no pass of its holder took it
+            limit = timeout.for_samples(samples)
+            return limit is not None and idle_s > limit
+        limit = timeout.for_samples(state.samples)  # the pass that took it, by its engine call under way
+        return limit is not None and state.stalled_s > limit
 
     def _put_copies(self, role: str, copies: list[tuple[str, str, list]]) -> int:
         if not copies:

@@ -12,9 +12,10 @@ so a worker that already holds those weights takes it (without counting a delive
 weight sync, frozen meanwhile, must not dead-letter the step's requests). Truncated responses are rewarded 0
 (algorithm step 5).
 
-Each service says how long its pass under way has run and how many samples it holds (`progress`): its heartbeat
-carries that to the coordinator, which hands the work of a worker without progress to the others
-(services/streams/stragglers.py).
+Each service says how long it has gone without progress in its pass under way and how many samples it is working
+on (`progress`): a rollout worker progresses with each engine call (one per request with rollout.deterministic,
+one per pass otherwise), a verifier with each pass. Its heartbeat carries that to the coordinator, which hands the
+work of a worker without progress to the others (services/streams/stragglers.py).
 """
 
 from __future__ import annotations
@@ -39,20 +40,26 @@ LOG_EVERY_S = 60.0  # while it keeps failing, one summary line per minute after 
 
 
 class Progress:
-    """The pass under way of a serving loop: when it took its work and how many samples that is."""
+    """The pass under way of a serving loop: since when it has made no progress, on how many samples."""
 
-    busy_since: float | None = None  # monotonic time the pass under way took its work; None while waiting for work
-    busy_samples = 0  # samples that pass holds (requests x n for a rollout worker, results for a verifier)
+    pass_since: float | None = None  # monotonic time the pass under way took its work; None while waiting for work
+    busy_since = 0.0  # monotonic time of its last progress (it took its work, an engine call ended)
+    busy_samples = 0  # samples it is working on: an engine call's (requests x n), a verifier pass's results
 
     def progress(self) -> dict:
-        """{"busy_s": seconds the pass under way has run (0 while waiting for work), "samples": what it holds}."""
-        since = self.busy_since
+        """{"busy_s": seconds without progress in the pass under way, "pass_s": that pass's age (both 0 while
+        waiting for work), "samples": the samples it is working on}."""
+        since, now = self.pass_since, time.monotonic()
         if since is None:
-            return {"busy_s": 0.0, "samples": 0}
-        return {"busy_s": round(time.monotonic() - since, 3), "samples": self.busy_samples}
+            return {"busy_s": 0.0, "pass_s": 0.0, "samples": 0}
+        return {"busy_s": round(now - self.busy_since, 3), "pass_s": round(now - since, 3),
+                "samples": self.busy_samples}
 
-    def _busy(self, samples: int) -> None:
+    def _busy(self, samples: int, new_pass: bool = False) -> None:
+        """Progress: a pass took its work (`new_pass`), or its next engine call on `samples` begins."""
         self.busy_since, self.busy_samples = time.monotonic(), samples
+        if new_pass:
+            self.pass_since = self.busy_since
 
 
 class RolloutService(Progress):
@@ -85,11 +92,11 @@ class RolloutService(Progress):
         deliveries = self.requests.take(self.entries_per_read, block_ms=block_ms)
         if not deliveries:
             return 0
-        self._busy(sum(r.n for d in deliveries for r in d.records))
+        self._busy(sum(r.n for d in deliveries for r in d.records), new_pass=True)
         try:
             return self._serve(deliveries)
         finally:
-            self.busy_since = None
+            self.pass_since = None
 
     def _serve(self, deliveries: list) -> int:
         with self.lock:
@@ -108,6 +115,7 @@ class RolloutService(Progress):
                 return 0
             groups: list[list[RolloutResult]] = []
             for batch in by_sampling([r for d in ready for r in d.records], self.batch_requests):
+                self._busy(sum(r.n for r in batch))  # progress: each engine call starts afresh
                 groups += self._generate(batch, version)
             self.requests.forward(ready, self.results, groups)  # every result of the read with its acks, at once
         produced = sum(len(group) for group in groups)
@@ -149,11 +157,11 @@ class VerifierService(Progress):
         deliveries = self.results.take(self.batch, block_ms=block_ms)
         if not deliveries:
             return 0
-        self._busy(sum(len(d.records) for d in deliveries))
+        self._busy(sum(len(d.records) for d in deliveries), new_pass=True)
         try:
             return self._serve(deliveries)
         finally:
-            self.busy_since = None
+            self.pass_since = None
 
     def _serve(self, deliveries: list) -> int:
         known = []
