@@ -97,6 +97,7 @@ class FleetLearner:
         self.unavailable: set[int] = set()  # workers that did not answer the last fleet check (restarting)
         self.straggling: set[int] = set()  # workers without progress for their straggler timeout (heartbeats)
         self.behind: set[int] = set()  # workers a weight sync left out or behind: they lack the current version
+        self.asked: dict[int, Any] = {}  # a left-behind worker's policy version, asked and not yet answered
         self.ahead = False  # the learner has trained past the version the fleet serves (not yet synced)
 
     def train(self, sequences: Sequence[dict], global_count: int) -> dict[str, float]:
@@ -116,18 +117,27 @@ class FleetLearner:
     def watched(self, watch) -> None:
         """After a look at the fleet's progress (`services.streams.stragglers.StragglerWatch`): stragglers are left
         out of the next chunks and syncs, and a worker left behind that makes progress again takes the current
-        weights (not while the learner trains ahead of the fleet: the next sync gives it them)."""
+        weights, unless its queued load gave it them (not while the learner trains ahead of the fleet: the next
+        sync gives it them). Its version is asked without waiting: the answer is read at a later look."""
         names = watch.straggling("rollout")
         self.straggling = {i for i in range(len(self.workers)) if f"rollout-{i}" in names}
-        for index in sorted(self.behind - self.straggling) if not self.ahead else ():
+        if self.ahead:
+            return
+        for index in sorted(self.behind - self.straggling):
+            worker = self.workers[index]
+            ref = self.asked.setdefault(index, worker.policy_version.remote())
+            if not ray.wait([ref], timeout=0)[0]:
+                continue
+            del self.asked[index]
             try:
-                self.sender.reload(self.workers[index], self.policy_version)
+                if ray.get(ref) != self.policy_version:
+                    self.sender.reload(worker, self.policy_version)
+                    self.worker_reloads += 1
             except (ray.exceptions.RayError, TimeoutError) as exc:  # GetTimeoutError is both
                 log.warning("rollout worker %d, left behind by a weight sync, did not take version %d: %r", index,
                             self.policy_version, exc)
                 continue
             self.behind.discard(index)
-            self.worker_reloads += 1
 
     def check_fleet(self) -> None:
         """Give the current weights to rollout workers that lack them: one that Ray restarted after its process

@@ -1,14 +1,17 @@
 """A frozen worker must not freeze the run: the step rate of a real run while one of its two rollout workers, then
 one of its two verifiers, is stopped (SIGSTOP) for a while, against its healthy step rate.
 
-    python -m bench.stragglers                                   # configs/chaos.yaml, each freeze held 60 s
-    python -m bench.stragglers --hold 30 redis.visibility_timeout_s=30 --json out.json
+    python -m bench.stragglers                                   # configs/chaos.yaml
+    python -m bench.stragglers --hold 60 redis.visibility_timeout_s=30 --json out.json
 
 `pcl train CONFIG` runs as a child process (local Ray, the embedded Redis, 2 rollout workers, 2 verifiers, the
-control plane off). Once it has trained a few steps, the step rate is measured for `--healthy` seconds; then one
-rollout worker's process (found by its Ray title, `ray::RolloutWorker`) is stopped with SIGSTOP, held `--hold`
-seconds and continued with SIGCONT; after `--settle` seconds the same is done to a verifier's process
-(`ray::RewardVerifier`). A step's time is when its record appears in metrics.jsonl. For each freeze it prints the
+control plane off), with the product's default visibility timeout (`redis.visibility_timeout_s=30`; the chaos
+config's 3 s, meant for a quiet machine, has a loaded one's healthy passes reclaimed and done twice, and would move
+a frozen worker's entries before its straggler timeout does). Once it has trained a few steps, the healthy step rate is measured over `--healthy-steps`
+steps; then one rollout worker's process (found by its Ray title, `ray::RolloutWorker`) is stopped with SIGSTOP,
+held `--hold` seconds (by default max(60 s, as long as the healthy steps took), so that the hold spans that many
+healthy steps on a loaded machine too) and continued with SIGCONT; after a settling time (3 healthy steps) the same
+is done to a verifier's process (`ray::RewardVerifier`). A step's time is when its record appears in metrics.jsonl. For each freeze it prints the
 healthy step rate, the rate while the process was stopped (steps committed during the hold / the hold) and their
 ratio against the goal, 0.40; then what the run recorded: samples handed over from stragglers, workers restarted
 as stuck, late results and notes dropped, by producer. Exit 1 when a ratio is below the goal. Timing figures depend
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,8 +36,10 @@ from bench import ROOT, add_json_option, run, write_figures
 CONFIG = ROOT / "configs" / "chaos.yaml"
 GOAL = 0.40  # the frozen phase keeps at least this share of the healthy step rate
 WARM_STEPS = 5  # steps trained before the healthy rate is measured (first calls, the first checkpoint)
+RUN_OVERRIDES = ("run.steps=100000", "control.enabled=false", "logging.backends=[console,jsonl]",
+                 "redis.visibility_timeout_s=30")  # the bench ends the run; the command line may override these
 COUNTERS = ("handed_over_by_worker", "stuck_restarts_by_worker", "dropped_stale_by_producer",
-            "dropped_late_by_verifier", "dropped_duplicates")
+            "dropped_late_by_verifier", "dropped_duplicates", "dead_letters")
 
 
 class Run:
@@ -42,7 +48,7 @@ class Run:
     def __init__(self, config: Path, run_dir: Path, overrides: list[str]):
         self.run_dir = run_dir
         command = [sys.executable, "-m", "entrypoints.cli", "train", str(config), "--run-dir", str(run_dir),
-                   "run.steps=100000", "control.enabled=false", "logging.backends=[console,jsonl]", *overrides]
+                   *RUN_OVERRIDES, *overrides]
         self.log = open(run_dir.parent / "driver.log", "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
@@ -123,40 +129,46 @@ def freeze(job: Run, actor: str, hold_s: float) -> dict:
 
 
 def measure(args) -> dict:
-    scratch = Path(tempfile.mkdtemp(prefix="pcl-bench-stragglers-"))
+    scratch = Path(tempfile.mkdtemp(prefix="pcl-bench-stragglers-"))  # removed at the end unless --keep
     job = Run(args.config, scratch / "run", args.overrides)
     try:
         job.wait(steps=WARM_STEPS)
-        start = time.monotonic()
-        job.wait(seconds=args.healthy)
-        healthy = job.rate(start, time.monotonic())
+        start = job.commits[-1][0]
+        job.wait(steps=WARM_STEPS + args.healthy_steps)
+        end = job.commits[-1][0]
+        healthy = args.healthy_steps / (end - start)
+        hold = args.hold or max(60.0, end - start)
         phases = []
         for actor in ("RolloutWorker", "RewardVerifier"):
-            phases.append(freeze(job, actor, args.hold))
-            job.wait(seconds=args.settle)
+            phases.append(freeze(job, actor, hold))
+            job.wait(seconds=3 / healthy)
         job.poll()
         counters = {key: job.last.get(key) for key in COUNTERS}
     finally:
         job.stop()
+    if not args.keep:  # a failure above keeps it: the driver's log says why
+        shutil.rmtree(scratch, ignore_errors=True)
     for phase in phases:
         phase["ratio"] = phase["rate"] / healthy if healthy else 0.0
-    return {"healthy_rate": healthy, "healthy_s": args.healthy, "phases": phases, "counters": counters,
-            "steps": job.commits[-1][1] if job.commits else 0, "driver_log": str(scratch / "driver.log")}
+    return {"healthy_rate": healthy, "healthy_s": end - start, "phases": phases, "counters": counters,
+            "steps": job.commits[-1][1] if job.commits else 0,
+            "run_dir": str(scratch) if args.keep else None}
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     parser.add_argument("--config", type=Path, default=CONFIG)
-    parser.add_argument("--hold", type=float, default=60.0, help="seconds each process stays stopped")
-    parser.add_argument("--healthy", type=float, default=45.0, help="seconds the healthy step rate is measured")
-    parser.add_argument("--settle", type=float, default=20.0, help="seconds after a SIGCONT before the next freeze")
+    parser.add_argument("--hold", type=float, default=None, help="seconds each process stays stopped (default: "
+                        "max(60, the seconds the healthy steps took))")
+    parser.add_argument("--healthy-steps", type=int, default=10, help="steps the healthy step rate is measured over")
+    parser.add_argument("--keep", action="store_true", help="keep the run directory and the driver's log")
     add_json_option(parser)
     args = parser.parse_args(argv)
 
     figures = measure(args)
-    print(f"healthy: {figures['healthy_rate']:.3f} steps/s over {args.healthy:g} s "
-          f"({args.config.name} {' '.join(args.overrides)})".rstrip())
+    print(f"healthy: {figures['healthy_rate']:.3f} steps/s ({args.healthy_steps} steps in "
+          f"{figures['healthy_s']:.0f} s; {args.config.name} {' '.join(args.overrides)})".rstrip())
     ok = True
     for p in figures["phases"]:
         passed = p["ratio"] >= GOAL
