@@ -86,9 +86,13 @@ class Nemesis:
 
     def _inject(self, result: dict) -> None:
         result["injected_s"] = round(self.job.clock(), 2)
+        print(f"[{result['injected_s']:8.1f}] fault #{result['index']} {result['kind']} {result['target']} "
+              f"injected at step {self.job.high}", flush=True)
 
     def _heal(self, result: dict) -> None:
         result["ended_s"] = round(self.job.clock(), 2)
+        print(f"[{result['ended_s']:8.1f}] fault #{result['index']} {result['kind']} {result['target']} healed at "
+              f"step {self.job.high}", flush=True)
 
     def _hold(self, fault: ClusterFault) -> None:
         self.stopped.wait(fault.hold_s)

@@ -29,15 +29,15 @@ NODES = ("rollout", "rollout2", "learner")  # the chaos cluster's worker nodes (
 CLUSTER_KINDS: dict[str, tuple[str, tuple[str, ...], tuple[tuple[float, float], ...]]] = {
     "node_kill": ("docker kill of a node's container, docker start after the hold", NODES, ((3.0, 15.0),)),
     "node_pause": ("docker pause of a node, unpaused after the hold: shorter, then longer than Ray's node death",
-                   NODES, ((4.0, 12.0), (35.0, 45.0))),
+                   NODES, ((4.0, 12.0), (32.0, 38.0))),
     "cut_redis": ("the node's packets to and from Redis dropped (iptables in its network namespace)", NODES,
-                  ((3.0, 6.0), (35.0, 45.0))),
-    "cut_head": ("the node's packets to and from the Ray head dropped", NODES, ((3.0, 6.0), (35.0, 45.0))),
+                  ((3.0, 6.0), (32.0, 38.0))),
+    "cut_head": ("the node's packets to and from the Ray head dropped", NODES, ((3.0, 6.0), (32.0, 38.0))),
     "cut_both": ("every packet of the node dropped but its loopback's: cut from Redis, the head and its peers",
-                 NODES, ((3.0, 6.0), (35.0, 45.0))),
+                 NODES, ((3.0, 6.0), (32.0, 38.0))),
     "packet_loss": ("a share (20-40%) of the node's packets dropped at random (iptables -m statistic)", NODES,
-                    ((20.0, 40.0),)),
-    "latency": ("the node's Redis traffic delayed 100-400 ms each way by the delay proxy", NODES, ((20.0, 40.0),)),
+                    ((15.0, 25.0),)),
+    "latency": ("the node's Redis traffic delayed 100-400 ms each way by the delay proxy", NODES, ((15.0, 25.0),)),
     "redis_restart": ("docker kill of the Redis container, docker start after the hold", ("redis",), ((1.0, 5.0),)),
     "driver_kill": ("SIGKILL of the job's driver (pcl train on the head), the job resubmitted with --resume",
                     ("driver",), ((0.0, 0.0),)),
@@ -46,6 +46,7 @@ LEAD_STEPS = 8  # steps trained before the first fault (the pre-fault throughput
 GAP_STEPS = (6, 12)  # steps committed after a fault heals before the next one
 OVERLAP_S = (0.5, 4.0)  # an overlapping fault follows the previous injection by this many seconds
 TAIL_STEPS = 15  # steps left after the last fault's gap: a run.steps margin for a slow or stalled schedule
+STEP_S = 0.8  # the fastest a step of the chaos run goes (s), for the steps trained while faults hold
 
 
 @dataclass(frozen=True)
@@ -115,9 +116,12 @@ def draw_cluster_schedule(seed: int, per_kind: int = 2, kinds: tuple[str, ...] =
     return ClusterSchedule(seed, tuple(faults))
 
 
-def schedule_steps(schedule: ClusterSchedule) -> int:
-    """run.steps for the schedule: the steps its gaps ask for, a margin of restarts' redone steps and a tail."""
-    return sum(f.after_steps for f in schedule.faults) + TAIL_STEPS + 2 * len(schedule.faults)
+def schedule_steps(schedule: ClusterSchedule, step_s: float = STEP_S) -> int:
+    """run.steps for the schedule: the steps its gaps ask for, those the run may train while the faults hold (at
+    `step_s` a step: a fault that does not stop the run, a lossy link, lets it train on), a margin of restarts'
+    redone steps and a tail. Too few, and the last faults find the run ended; too many only lengthen the tail."""
+    held = sum(f.hold_s for f in schedule.faults if f.overlap_s is None)
+    return sum(f.after_steps for f in schedule.faults) + round(held / step_s) + TAIL_STEPS + 2 * len(schedule.faults)
 
 
 def check_cluster_schedule(schedule: ClusterSchedule, per_kind: int) -> list[str]:
