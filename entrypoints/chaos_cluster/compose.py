@@ -69,6 +69,35 @@ class ChaosCluster:
             self._ids[node] = self.compose("ps", "-aq", service).strip()
             if not self._ids[node]:
                 raise RuntimeError(f"no container for {service}")
+        self.wait_joined()
+
+    def alive_nodes(self) -> list[dict]:
+        """The cluster's alive Ray nodes (Ray's state API on the published dashboard port, with the token); none
+        while it does not answer."""
+        import urllib.request
+
+        request = urllib.request.Request(self.url("RAY_DASHBOARD_PORT", "/api/v0/nodes?detail=1&limit=1000"),
+                                         headers={"Authorization": f"Bearer {self.secrets['RAY_AUTH_TOKEN']}"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                data = json.loads(answer.read())["data"]["result"]
+        except (OSError, ValueError, KeyError):
+            return []
+        nodes = data["result"] if isinstance(data, dict) else data
+        return [n for n in nodes if n.get("state") == "ALIVE"]
+
+    def wait_joined(self, timeout_s: float = 600.0) -> None:
+        """Until both rollout nodes and the learner node have joined the head."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            resources = [n.get("resources_total", {}) for n in self.alive_nodes()]
+            if sum("rollout" in r for r in resources) >= 2 and any("learner" in r for r in resources):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the worker nodes did not all join the head within {timeout_s:g} s: {resources}")
+            time.sleep(2)
 
     def down(self) -> None:
         for node in SERVICES:  # a paused container stops only once resumed
