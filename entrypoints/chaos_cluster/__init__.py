@@ -45,6 +45,8 @@ def run_chaos_cluster(seed: int, out: Path, per_kind: int = 2, kinds: tuple[str,
     from entrypoints.chaos_cluster.nemesis import Nemesis
 
     out.mkdir(parents=True, exist_ok=True)
+    if (out / "runs").is_dir() and any((out / "runs").iterdir()):
+        raise SystemExit(f"pcl chaos-cluster: {out / 'runs'} holds an earlier run: give another --out")
     schedule = draw_cluster_schedule(seed, per_kind, kinds)
     (out / "schedule.json").write_text(schedule.to_json())
     steps = schedule_steps(schedule)
