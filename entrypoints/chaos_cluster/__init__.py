@@ -20,11 +20,12 @@ from pcl.tools.cluster_schedule import CLUSTER_KINDS, ClusterSchedule, draw_clus
 
 # The run: small fast steps (the tests' FAST sizes), two rollout workers and two verifiers (one of each per rollout
 # node), checkpoints often (a lost learner rank restarts from one), restarts to spare, a tracker the checks read,
-# deadlines that let a node frozen past Ray's node death (28 s here) be declared dead and replaced.
+# deadlines that let a node frozen past Ray's node death (28 s here) be declared dead and replaced, and a
+# remote call that waits on an actor of a lost node (a weight sync to its rollout worker) fail within a minute.
 RUN_ARGS = ["run.m=8", "run.n=4", "run.eval_every=0", "data.tiny_size=256", "value.ev_sample=4", "selection.k=2",
             "run.time_budget_s=null", "rollout.max_new_tokens=8", "rollout.num_workers=2", "verifier.num_workers=2",
             "verifier.processes=1", "rollout.threads=1", "checkpoint.every=5", "checkpoint.max_restarts=60",
-            "redis.visibility_timeout_s=10", "learner.timeout_s=180", "learner.ping_timeout_s=30",
+            "redis.visibility_timeout_s=10", "learner.timeout_s=60", "learner.ping_timeout_s=30",
             "rollout.step_timeout_s=600", "logging.backends=[console,jsonl,tensorboard]"]
 
 
