@@ -70,9 +70,11 @@ class ClusterJob:
         threading.Thread(target=self._watch, name="chaos-watch", daemon=True).start()
 
     def expect_resume(self) -> None:
-        """The driver is about to be killed: resubmit with --resume when the job ends."""
+        """The driver is about to be killed: it counts as down from now (its control plane's connections are
+        reset), and the job is resubmitted with --resume when it ends."""
         self.resubmitted.clear()
         self._resume_expected.set()
+        self.driver.state = "down"
 
     def _follow(self) -> None:
         resume = False
