@@ -117,12 +117,12 @@ def report(schedule: ClusterSchedule, job, nemesis, checks: list[Check], hosts: 
            replay: str, cluster) -> int:
     from pcl.tools.chaos_report import recover, steps_redone
     from pcl.tools.cluster_report import (build_cluster_report, check_throughput, format_cluster_report,
-                                          next_injection, throughput_back)
+                                          throughput_back)
     from pcl.tools.partition_checks import stale_by_node
 
     commits = job.commits() if job is not None else []
     faults = recover(nemesis.results if nemesis else [], commits, job.finished_at if job else None)
-    faults = [throughput_back(f, commits, next_injection(f, faults)) for f in faults]
+    faults = [throughput_back(f, commits, faults) for f in faults]
     if job is not None and nemesis is not None:
         checks.insert(-1 if checks and checks[-1].name == "cleanup" else len(checks), check_throughput(faults))
     last = getattr(job, "last_record", {}) or {}
@@ -132,6 +132,7 @@ def report(schedule: ClusterSchedule, job, nemesis, checks: list[Check], hosts: 
            "finished": bool(job and job.finished), "error": job.error if job else "the cluster did not come up",
            "submissions": job.submissions if job else 0, "project": cluster.project}
     rep = build_cluster_report(schedule, faults, checks, run, steps_redone(job.timeline) if job else 0, stale, replay)
+    rep["commits_s"] = [round(t, 2) for t in commits]  # the steps' commit times: the figures can be computed again
     text = format_cluster_report(rep, schedule)
     (out / "report.txt").write_text(text + "\n")
     (out / "report.json").write_text(json.dumps(rep, indent=2, default=str))

@@ -1,10 +1,11 @@
 """The report of a cluster chaos run (`pcl chaos-cluster`): the faults injected by kind and node, each one's time to
-recover (from its heal to the next step committed) and time for the run's throughput to come back, the steps redone
+recover (from its heal to the next step committed) and time for the run's throughput to come back (from the heal of
+the last fault overlapping it), the steps redone
 after restarts, the results dropped as stale by node, each invariant's result, and the seed and the schedule to
 replay. Pure: built from what the driving side saw (commit times on its clock, the faults' injection and heal times).
 
     faults = recover(injected, commits, finished_at)            # pcl.tools.chaos_report: recovered_s
-    faults = [throughput_back(f, commits, later_injection(f, faults)) for f in faults]
+    faults = [throughput_back(f, commits, faults) for f in faults]
     checks.append(check_throughput(faults))
     report = build_cluster_report(schedule, faults, checks, run={...}, redone=..., stale_by_node={...}, replay=...)
     print(format_cluster_report(report, schedule))
@@ -48,25 +49,38 @@ def back_after_s(commits: list[float], healed_s: float, rate: float, until_s: fl
     return None
 
 
-def throughput_back(fault: dict, commits: list[float], until_s: float | None) -> dict:
-    """`fault` with `pre_rate` (steps/s before it) and `back_s` (seconds from its heal until throughput came back,
-    `back_after_s`; None when it did not before `until_s`, or no pre-fault rate could be measured)."""
+def throughput_back(fault: dict, commits: list[float], faults: list[dict]) -> dict:
+    """`fault` with `pre_rate` (steps/s before it), `all_healed_s` (when it and every fault overlapping it had
+    healed, `all_healed`) and `back_s` (seconds from then until throughput came back, `back_after_s`, before the next
+    fault's injection; None when it did not, or no pre-fault rate could be measured)."""
     fault = dict(fault)
-    fault["pre_rate"] = fault["back_s"] = None
+    fault["pre_rate"] = fault["back_s"] = fault["all_healed_s"] = None
     if fault.get("injected_s") is None or fault.get("ended_s") is None:
         return fault
     rate = pre_fault_rate(commits, fault["injected_s"])
+    healed = fault["all_healed_s"] = all_healed(fault, faults)
     if rate is not None:
         fault["pre_rate"] = round(rate, 3)
-        fault["back_s"] = back_after_s(commits, fault["ended_s"], rate, until_s)
+        fault["back_s"] = back_after_s(commits, healed, rate, next_injection(healed, faults))
     return fault
 
 
-def next_injection(fault: dict, faults: list[dict]) -> float | None:
-    """When the first fault injected after `fault` healed was injected (None: none was)."""
-    later = [f["injected_s"] for f in faults
-             if f.get("injected_s") is not None and fault.get("ended_s") is not None
-             and f["injected_s"] > fault["ended_s"]]
+def all_healed(fault: dict, faults: list[dict]) -> float:
+    """When `fault` and every fault overlapping it (injected before the last of them healed, in a chain) had healed:
+    the run's throughput is judged after the partition, not while the next overlapping fault still holds."""
+    healed, moved = fault["ended_s"], True
+    while moved:
+        moved = False
+        for f in faults:
+            if f.get("injected_s") is not None and f.get("ended_s") is not None and f["injected_s"] <= healed < \
+                    f["ended_s"]:
+                healed, moved = f["ended_s"], True
+    return healed
+
+
+def next_injection(after_s: float, faults: list[dict]) -> float | None:
+    """When the first fault injected after `after_s` was injected (None: none was)."""
+    later = [f["injected_s"] for f in faults if f.get("injected_s") is not None and f["injected_s"] > after_s]
     return min(later) if later else None
 
 

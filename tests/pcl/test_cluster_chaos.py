@@ -8,8 +8,9 @@ import pytest
 
 from pcl.tools.chaos_checks import Check
 from pcl.tools.chaos_report import recover
-from pcl.tools.cluster_report import (BACK_LIMIT_S, back_after_s, build_cluster_report, by_kind, check_throughput,
-                                      format_cluster_report, next_injection, pre_fault_rate, throughput_back)
+from pcl.tools.cluster_report import (BACK_LIMIT_S, all_healed, back_after_s, build_cluster_report, by_kind,
+                                      check_throughput, format_cluster_report, next_injection, pre_fault_rate,
+                                      throughput_back)
 from pcl.tools.cluster_schedule import (CLUSTER_KINDS, ClusterSchedule, check_cluster_schedule,
                                         draw_cluster_schedule, format_cluster_schedule, schedule_steps)
 
@@ -64,8 +65,8 @@ def test_recovery_throughput_and_the_check():
               {"index": 2, "kind": "latency", "target": "rollout2", "injected_s": None, "ended_s": None}]
     faults = recover(faults, commits, 50.0)
     assert [f["recovered_s"] for f in faults] == [2.0, 1.0, None]
-    assert next_injection(faults[0], faults) == 45.5
-    faults = [throughput_back(f, commits, next_injection(f, faults)) for f in faults]
+    assert next_injection(38.0, faults) == 45.5
+    faults = [throughput_back(f, commits, faults) for f in faults]
     assert faults[0]["pre_rate"] == pytest.approx(1.0) and faults[0]["back_s"] == pytest.approx(5.0)
     check = check_throughput(faults)
     assert check.ok is True and "1 of 1" in check.detail
@@ -94,3 +95,19 @@ def test_the_report_passes_only_with_every_fault_recovered_and_every_check_passe
     assert not build_cluster_report(schedule, lost, [Check("steps", True, "ok")], run, 0, {}, "r")["passed"]
     failed = build_cluster_report(schedule, faults, [Check("steps", False, "twice")], run, 0, {}, "r")
     assert not failed["passed"] and "FAIL steps" in format_cluster_report(failed, schedule)
+
+
+def test_throughput_is_judged_once_every_overlapping_fault_has_healed():
+    # Seed 2: a short cut of the learner from Redis healed at 572.5 s while two packet-loss faults it overlapped held
+    # on (to 589 s and 597 s); judged from its own heal, the next fault's injection 1 s later left no window and it
+    # counted as "never back".
+    faults = [{"index": 9, "kind": "cut_redis", "target": "learner", "injected_s": 566.7, "ended_s": 572.5},
+              {"index": 10, "kind": "packet_loss", "target": "rollout2", "injected_s": 571.0, "ended_s": 589.3},
+              {"index": 11, "kind": "packet_loss", "target": "rollout", "injected_s": 573.6, "ended_s": 597.1},
+              {"index": 12, "kind": "redis_restart", "target": "redis", "injected_s": 620.0, "ended_s": 625.0}]
+    assert all_healed(faults[0], faults) == 597.1 and all_healed(faults[3], faults) == 625.0
+    commits = [550.0 + t for t in range(16)] + [598.0 + t for t in range(10)]
+    cut = throughput_back(faults[0], commits, faults)
+    assert cut["all_healed_s"] == 597.1 and cut["pre_rate"] == pytest.approx(1.0)
+    assert cut["back_s"] == pytest.approx(601.0 - 597.1, abs=0.01)  # 4 steps after the heal: 598 .. 601, at 1/s
+    assert check_throughput([cut]).ok is True
