@@ -94,6 +94,20 @@ docker-ready:
 	@docker compose version >/dev/null 2>&1 || { echo "make: $(MAKECMDGOALS) needs Docker Compose v2 (the 'docker compose' plugin; docs/deploy.md, 'Testing the deployment')"; exit 2; }
 	@docker buildx version >/dev/null 2>&1 || { echo "make: $(MAKECMDGOALS) needs BuildKit (the 'docker buildx' plugin; docs/deploy.md)"; exit 2; }
 
+# The cluster chaos run (docs/operations.md, "Chaos across machines"): the images built, then for each seed the
+# compose cpu profile with two rollout nodes and a learner node (deploy/chaos-cluster.yml), the tiny run as a Ray job
+# under a seeded schedule of node kills, freezes, partitions, lossy and slow links, Redis restarts and driver kills,
+# then its invariants and report in runs/chaos-cluster-seed<S>-<time>. Needs Docker and root (packet filters are set
+# in the containers' network namespaces with nsenter). Replay one seed: make test-chaos-cluster CLUSTER_SEEDS=2.
+CLUSTER_SEEDS ?= 1 2 3
+.PHONY: test-chaos-cluster
+test-chaos-cluster: $(STAMP) docker-ready
+	@[ "$$(id -u)" = 0 ] && command -v nsenter >/dev/null && command -v iptables >/dev/null || { echo "make: test-chaos-cluster needs root, nsenter and iptables (its partitions are packet filters in the containers' network namespaces)"; exit 2; }
+	deploy/build.sh
+	@fail=0; for seed in $(CLUSTER_SEEDS); do \
+	  $(BIN)/pcl chaos-cluster --seed $$seed --out runs/chaos-cluster-seed$$seed-$$(date +%Y%m%d-%H%M%S) || fail=1; \
+	done; exit $$fail
+
 # The dashboard test drives Debian's headless Chromium and the monitoring test a real Prometheus; installed here
 # when missing and apt is available. Without them those tests skip, naming what is missing.
 test-tools:

@@ -24,6 +24,17 @@ def _cmd_chaos_check(args: argparse.Namespace) -> int:
     return check_run(load_config(*config_files(args)), args.run_dir)
 
 
+def _cmd_chaos_cluster(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from entrypoints.chaos_cluster import run_chaos_cluster
+
+    kinds = tuple(k for k in args.kinds.split(",") if k) if args.kinds else None
+    out = Path(args.out or f"runs/chaos-cluster-seed{args.seed}")
+    return run_chaos_cluster(args.seed, out, per_kind=args.per_kind, keep=args.keep,
+                             **({"kinds": kinds} if kinds else {}))
+
+
 def _cmd_soak(args: argparse.Namespace) -> int:
     from entrypoints.soak import report_again, run_soak
 
@@ -57,6 +68,16 @@ def add_drill_commands(sub) -> None:
     p.add_argument("overrides", nargs="*", metavar="key=value", help="the run's overrides, e.g. run.steps=12")
     p.add_argument("--run-dir", required=True, help="the run's directory")
     p.set_defaults(func=_cmd_chaos_check)
+
+    p = sub.add_parser("chaos-cluster", help="the tiny run as a Ray job on a compose cluster of containers under a "
+                       "seeded schedule of node faults and partitions, then its invariants and report (needs Docker "
+                       "and root; docs/operations.md, \"Chaos across machines\")")
+    p.add_argument("--seed", type=int, default=0, help="the schedule's seed (default 0)")
+    p.add_argument("--per-kind", type=int, default=2, help="faults of each kind (default 2)")
+    p.add_argument("--kinds", help="comma-separated fault kinds (default: all, pcl/tools/cluster_schedule.py)")
+    p.add_argument("--out", help="output directory (default runs/chaos-cluster-seed<S>)")
+    p.add_argument("--keep", action="store_true", help="leave the cluster up at the end (to look at it)")
+    p.set_defaults(func=_cmd_chaos_cluster)
 
     p = sub.add_parser("soak", help="train for a set time under steady control-plane traffic, sampling every "
                        "process, Redis, the run's files and Ray's session: what grows? (docs/operations.md)")
