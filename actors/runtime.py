@@ -69,12 +69,16 @@ def serving_heartbeat(service, name: str):
 # from their own environment: docs/operations.md, "Long runs"); a value already in the environment wins.
 # - task events the GCS keeps for the state API and the dashboard (Ray's default: 100,000 tasks, about as many as
 #   a few thousand steps of the tiny run make; the GCS server's memory grows with them until then);
+# - the task attempts the GCS has evicted from those events, which it remembers (per job, so one set for the whole
+#   run) to drop their late events: every actor call once the events are full (about 16 a step), up to Ray's
+#   default of 1,000,000, some 90 MB of hash set in the GCS server, growing by each step until then;
 # - every log file rotated at RAY_ROTATION_MAX_BYTES, RAY_ROTATION_BACKUP_COUNT old files kept (Ray's defaults,
 #   512 MB and 5, allow 3 GB per file; a worker's .out/.err rotate only when RAY_ROTATION_MAX_BYTES is set).
 # Not RAY_event_stats_print_interval_ms=-1, which Ray documents as "off": on Ray 2.60 the GCS server then writes
 # its state dump without pause (64 MB of gcs_server.out a few minutes, most of a core).
-RAY_LIMITS = {"RAY_task_events_max_num_task_in_gcs": "10000", "RAY_ROTATION_MAX_BYTES": str(64 << 20),
-              "RAY_ROTATION_BACKUP_COUNT": "2"}
+RAY_LIMITS = {"RAY_task_events_max_num_task_in_gcs": "10000",
+              "RAY_task_events_max_dropped_task_attempts_tracked_per_job_in_gcs": "10000",
+              "RAY_ROTATION_MAX_BYTES": str(64 << 20), "RAY_ROTATION_BACKUP_COUNT": "2"}
 
 
 def start_ray(settings=None) -> bool:
