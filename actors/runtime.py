@@ -42,7 +42,7 @@ def heartbeat(registry, role: str, instance: str):
         return None
     from services.redis_server import make_client
 
-    return beat_with(make_client(registry.redis_url), registry.run, role, instance)
+    return beat_with(make_client(registry.redis_url, f"heartbeat-{instance}"), registry.run, role, instance)
 
 
 def beat_with(client, run: str, role: str, instance: str):
