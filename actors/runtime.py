@@ -1,6 +1,7 @@
 """Process set-up shared by the actors (torch thread counts and quiet logging, the heartbeat naming the actor's role,
 instance, incarnation and node: `heartbeat`), and Ray's start-up for every driver (`pcl train`, `pcl experiment`,
-the benches, the tests): `start_ray()` connects to RAY_ADDRESS or starts a local Ray.
+the benches, the tests): `start_ray()` connects to RAY_ADDRESS or starts a local Ray; `pcl train`'s malloc arenas
+capped (`limit_malloc_arenas`).
 
 On the embedded default many actors share two cores, so each pins torch to a small thread pool; on a GPU
 node the count comes from the actor's CPU reservation instead.
@@ -79,6 +80,29 @@ def serving_heartbeat(service, name: str):
 RAY_LIMITS = {"RAY_task_events_max_num_task_in_gcs": "10000",
               "RAY_task_events_max_dropped_task_attempts_tracked_per_job_in_gcs": "10000",
               "RAY_ROTATION_MAX_BYTES": str(64 << 20), "RAY_ROTATION_BACKUP_COUNT": "2"}
+
+
+# glibc's malloc arenas in the driver. By default a thread that allocates while the others hold theirs gets an arena
+# of its own, up to 8 per core, and each keeps the high-water mark of what its threads held: the driver's threads come
+# and go (the control plane's, Ray's, the trackers'), and its RSS rose through a soak's first hour by what its 16
+# arenas on 2 cores held (docs/operations.md, "Long runs"; a 64-core head node allows 512). Two arenas bound that; the
+# driver allocates little, so the threads hardly wait on each other.
+DRIVER_MALLOC_ARENAS = 2
+
+
+def limit_malloc_arenas(arenas: int = DRIVER_MALLOC_ARENAS) -> bool:
+    """Cap this process's malloc arenas at `arenas` (glibc's M_ARENA_MAX), for threads that start allocating from now
+    on; MALLOC_ARENA_MAX in the environment wins (glibc read it at start). Returns whether the cap was set (False:
+    set by the environment, or not glibc)."""
+    import ctypes
+
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (macOS has no mallopt)
+        return False
+    return mallopt(-8, arenas) == 1  # -8: M_ARENA_MAX; 1: done
 
 
 def start_ray(settings=None) -> bool:

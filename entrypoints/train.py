@@ -335,7 +335,10 @@ def release(trackers, console, fleet, control, own_ray: bool, redis, keep_redis)
 
 def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = None) -> int:
     """Train to completion; returns the process exit code."""
+    from actors.runtime import limit_malloc_arenas
+
     started = time.perf_counter()
+    limit_malloc_arenas()  # before the driver's threads start: its RSS bounded (actors/runtime.py)
     prep = prepare(cfg, run_dir, resume)  # bad input fails here, before the heavy imports below
     from actors.runtime import start_ray
     from entrypoints.fleet import start_fleet
