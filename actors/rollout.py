@@ -62,7 +62,8 @@ class RolloutWorker:
         engine = PinnedEngine(lambda: make_engine(cfg, model.path, run.seed + 1000 * worker_id, dtype=model.dtype,
                                                   device=device, **extra))
         record_engine_processes(run.name, name)
-        queues = open_role(make_client(redis_url), run.name, "rollout", name, redis, max_in_flight=cfg.max_in_flight)
+        queues = open_role(make_client(redis_url, name), run.name, "rollout", name, redis,
+                           max_in_flight=cfg.max_in_flight)
         requests, results = queues["rollout_requests"], queues["rollout_results"]
         self.service = RolloutService(engine, requests, results, batch_requests=cfg.max_in_flight, worker=name)
         self.loop = ServingThread(self.service, name, fatal=lambda exc: engine_dead(exc) or not engine.alive(),

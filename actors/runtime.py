@@ -1,6 +1,7 @@
 """Process set-up shared by the actors (torch thread counts and quiet logging, the heartbeat naming the actor's role,
 instance, incarnation and node: `heartbeat`), and Ray's start-up for every driver (`pcl train`, `pcl experiment`,
-the benches, the tests): `start_ray()` connects to RAY_ADDRESS or starts a local Ray.
+the benches, the tests): `start_ray()` connects to RAY_ADDRESS or starts a local Ray; `pcl train`'s malloc arenas
+capped (`limit_malloc_arenas`).
 
 On the embedded default many actors share two cores, so each pins torch to a small thread pool; on a GPU
 node the count comes from the actor's CPU reservation instead.
@@ -42,7 +43,7 @@ def heartbeat(registry, role: str, instance: str):
         return None
     from services.redis_server import make_client
 
-    return beat_with(make_client(registry.redis_url), registry.run, role, instance)
+    return beat_with(make_client(registry.redis_url, f"heartbeat-{instance}"), registry.run, role, instance)
 
 
 def beat_with(client, run: str, role: str, instance: str, progress=None):
@@ -72,12 +73,39 @@ def serving_heartbeat(service, name: str):
 # from their own environment: docs/operations.md, "Long runs"); a value already in the environment wins.
 # - task events the GCS keeps for the state API and the dashboard (Ray's default: 100,000 tasks, about as many as
 #   a few thousand steps of the tiny run make; the GCS server's memory grows with them until then);
+# - the task attempts the GCS has evicted from those events, which it remembers (per job, so one set for the whole
+#   run) to drop their late events: every actor call once the events are full (about 16 a step), up to Ray's
+#   default of 1,000,000, some 90 MB of hash set in the GCS server, growing by each step until then;
 # - every log file rotated at RAY_ROTATION_MAX_BYTES, RAY_ROTATION_BACKUP_COUNT old files kept (Ray's defaults,
 #   512 MB and 5, allow 3 GB per file; a worker's .out/.err rotate only when RAY_ROTATION_MAX_BYTES is set).
 # Not RAY_event_stats_print_interval_ms=-1, which Ray documents as "off": on Ray 2.60 the GCS server then writes
 # its state dump without pause (64 MB of gcs_server.out a few minutes, most of a core).
-RAY_LIMITS = {"RAY_task_events_max_num_task_in_gcs": "10000", "RAY_ROTATION_MAX_BYTES": str(64 << 20),
-              "RAY_ROTATION_BACKUP_COUNT": "2"}
+RAY_LIMITS = {"RAY_task_events_max_num_task_in_gcs": "10000",
+              "RAY_task_events_max_dropped_task_attempts_tracked_per_job_in_gcs": "10000",
+              "RAY_ROTATION_MAX_BYTES": str(64 << 20), "RAY_ROTATION_BACKUP_COUNT": "2"}
+
+
+# glibc's malloc arenas in the driver. By default a thread that allocates while the others hold theirs gets an arena
+# of its own, up to 8 per core, and each keeps the high-water mark of what its threads held: the driver's threads come
+# and go (the control plane's, Ray's, the trackers'), and its RSS rose through a soak's first hour by what its 16
+# arenas on 2 cores held (docs/operations.md, "Long runs"; a 64-core head node allows 512). Two arenas bound that; the
+# driver allocates little, so the threads hardly wait on each other.
+DRIVER_MALLOC_ARENAS = 2
+
+
+def limit_malloc_arenas(arenas: int = DRIVER_MALLOC_ARENAS) -> bool:
+    """Cap this process's malloc arenas at `arenas` (glibc's M_ARENA_MAX), for threads that start allocating from now
+    on; MALLOC_ARENA_MAX in the environment wins (glibc read it at start). Returns whether the cap was set (False:
+    set by the environment, or not glibc)."""
+    import ctypes
+
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc (macOS has no mallopt)
+        return False
+    return mallopt(-8, arenas) == 1  # -8: M_ARENA_MAX; 1: done
 
 
 def start_ray(settings=None) -> bool:

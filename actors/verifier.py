@@ -34,10 +34,10 @@ class RewardVerifier:
 
         self.pool = RewardPool(processes=cfg.processes, timeout_s=cfg.timeout_s,
                                max_tasks_per_worker=cfg.max_tasks_per_worker)
-        client = make_client(redis_url)
+        name = f"verifier-{worker_id}"
+        client = make_client(redis_url, name)
         if answers is None:
             answers = read_answers(client, run.name)
-        name = f"verifier-{worker_id}"
         queues = open_role(client, run.name, "verifier", name, redis)
         results, rewards = queues["rollout_results"], queues["rewards"]
         self.service = VerifierService(self.pool, answers, results, rewards, verifier=name)

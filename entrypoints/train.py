@@ -300,7 +300,8 @@ def keep_and_record(cfg: Config, prep: Prepared, resume: str | None, redis):
     events = RunEvents(prep.run_dir)
     how = f"resumed from {prep.checkpoint}" if prep.checkpoint is not None else "a fresh start"
     window = events.begin("driver_start", how, start=psutil.Process().create_time())
-    probe = RedisProbe(make_client(redis.url, socket_timeout=5.0), f"pcl:{cfg.run.name}:driver_probe", events)
+    probe = RedisProbe(make_client(redis.url, "driver-probe", socket_timeout=5.0), f"pcl:{cfg.run.name}:driver_probe",
+                       events)
     # Restarted if it exits, checked every second from a thread (the driver may be starting Ray or the fleet) too.
     return events, window, EmbeddedRedisKeeper(redis, cfg.checkpoint.max_restarts, events, probe).watch()
 
@@ -334,7 +335,10 @@ def release(trackers, console, fleet, control, own_ray: bool, redis, keep_redis)
 
 def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = None) -> int:
     """Train to completion; returns the process exit code."""
+    from actors.runtime import limit_malloc_arenas
+
     started = time.perf_counter()
+    limit_malloc_arenas()  # before the driver's threads start: its RSS bounded (actors/runtime.py)
     prep = prepare(cfg, run_dir, resume)  # bad input fails here, before the heavy imports below
     from actors.runtime import start_ray
     from entrypoints.fleet import start_fleet

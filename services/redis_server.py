@@ -72,8 +72,33 @@ def masked(url: str) -> str:
     return mask_url(url)
 
 
-def make_client(url: str, **kwargs) -> redis.Redis:
-    """A redis.Redis for `url` with bounded built-in retries; callers add their own backoff on top."""
+def make_client(url: str, name: str | None = None, **kwargs) -> redis.Redis:
+    """A redis.Redis for `url` with bounded built-in retries; callers add their own backoff on top. Its connections
+    are named `pcl-<name>` in Redis' CLIENT LIST (a soak counts them by name). Each thread that finds every connection
+    in use opens another, kept for later: as many as ever ran commands at once; `bounded_client` holds a fixed
+    number, for a client that many threads share."""
+    return redis.Redis.from_url(url, **_client_options(url, name, kwargs))
+
+
+def bounded_client(url: str, name: str, connections: int, wait_s: float, **kwargs) -> redis.Redis:
+    """`make_client` with at most `connections` connections, all opened now (when Redis answers: else as they are
+    needed), so that as many are held all run long, however many threads share the client: a thread that finds them
+    all in use waits up to wait_s for one, then gets redis.ConnectionError."""
+    options = _client_options(url, name, kwargs)
+    pool = redis.BlockingConnectionPool.from_url(url, max_connections=connections, timeout=wait_s, **options)
+    opened = []
+    try:
+        for _ in range(connections):
+            opened.append(pool.get_connection())
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        pass
+    finally:
+        for connection in opened:
+            pool.release(connection)
+    return redis.Redis.from_pool(pool)
+
+
+def _client_options(url: str, name: str | None, kwargs: dict) -> dict:
     scheme = urlsplit(url).scheme
     if scheme not in _SCHEMES:
         raise ValueError(f"Redis URL {masked(url)!r} must start with redis://, rediss:// or unix://")
@@ -83,13 +108,15 @@ def make_client(url: str, **kwargs) -> redis.Redis:
     options = dict(socket_connect_timeout=5.0, socket_timeout=30.0, socket_read_size=1 << 20,
                    health_check_interval=30, retry=Retry(ExponentialBackoff(cap=0.5, base=0.02), 2),
                    command_packer=PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode))
+    if name:
+        options["client_name"] = f"pcl-{name}"
     options.update(kwargs)
     if scheme == "unix":  # a Unix socket has no TCP keepalive or connect timeout
         options.pop("socket_connect_timeout", None)
         options.pop("socket_keepalive", None)
     else:
         options.setdefault("socket_keepalive", True)
-    return redis.Redis.from_url(url, **options)
+    return options
 
 
 def ping(url: str, timeout_s: float = 1.0) -> bool:

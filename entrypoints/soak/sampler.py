@@ -24,6 +24,7 @@ import os
 import re
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -223,8 +224,8 @@ class Sampler:
         return out
 
     def redis(self) -> dict:
-        """used_memory, maxmemory, each stream's length and the control history's records and bytes; {} while
-        the run's Redis does not answer."""
+        """used_memory, maxmemory, each stream's length, the control history's records and bytes, and the
+        connections of each named client; {} while the run's Redis does not answer."""
         client = self._client()
         if client is None:
             return {}
@@ -236,6 +237,8 @@ class Sampler:
             history = f"pcl:{self.run_name}:history"
             out["history_records"] = client.zcard(history)
             out["history_bytes"] = client.memory_usage(history, samples=0) or 0
+            # connections by client name (services.redis_server.make_client names them pcl-<name>): which one grew
+            out["clients"] = dict(Counter(c.get("name") or "unnamed" for c in client.client_list()))
             return out
         except Exception:  # noqa: BLE001 - restarting, or gone at the end: this sample has no Redis figures
             self._redis = None
@@ -247,7 +250,7 @@ class Sampler:
 
             try:
                 url = json.loads((self.run_dir / "control.json").read_text())["redis_url"]
-                self._redis = make_client(url, socket_timeout=10)
+                self._redis = make_client(url, "soak", socket_timeout=10)
             except (OSError, ValueError, KeyError):
                 return None
         return self._redis

@@ -14,7 +14,7 @@ The goals (GOALS below; docs/operations.md, "Long runs"):
 - Redis' memory other than the control history flat (the same 50 MB); the history grows one record a step to its
   cap (HISTORY_MAXLEN) and no further: its bytes per record, when the cap is reached and at what size, and that
   size under half of Redis' maxmemory; every work stream's length under two steps' entries (2 m n: a commit trims
-  it) and the event log under its cap;
+  it) and the event log under its cap; each named client's connections no more late in the run than early;
 - files: only the per-step records grow with steps (metrics, selections, tracker events, the driver's output, and
   the checkpoints' copies of metrics and selections), at a stated number of bytes per step; everything else
   bounded (the number of checkpoints by checkpoint.keep, the AOF by its rewrite, Ray's logs by rotation), judged
@@ -175,6 +175,14 @@ def redis_rows(window: list[dict], facts: Facts, steps_per_hour: float) -> dict:
         row["verdict"] = "bounded" if max(ys) <= row["cap"] * 1.1 else "over bound"
         streams[name] = row
     out["streams"] = streams
+    # Each client's connections (its pool: one per thread that ran a command while the others were in use) may not
+    # climb after warm-up: a late one is a pool still growing with its load (the run's Redis' descriptors with it).
+    clients = {}
+    for name in sorted({k for s in with_redis for k in s["redis"].get("clients", {})}):
+        ys = [s["redis"]["clients"].get(name, 0) for s in with_redis if "clients" in s["redis"]]
+        if len(ys) >= 3:
+            clients[name] = bounded(ys, (1.0, 0))
+    out["clients"] = clients
     return out
 
 
@@ -242,7 +250,7 @@ def build_report(samples: list[dict], facts: Facts, run: dict, warmup_s: float |
     verdicts = [r["verdict"] for r in report["processes"]]
     redis = report["redis"]
     verdicts += [redis[k]["verdict"] for k in ("other_memory", "history") if "verdict" in redis.get(k, {})]
-    verdicts += [r["verdict"] for r in redis.get("streams", {}).values()]
+    verdicts += [r["verdict"] for part in ("streams", "clients") for r in redis.get(part, {}).values()]
     verdicts += [r["verdict"] for part in ("files", "ray", "control") for r in report[part].values()]
     report["verdicts"] = {v: verdicts.count(v) for v in sorted(set(verdicts))}
     traffic = run.get("traffic", {})

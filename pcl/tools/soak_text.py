@@ -90,6 +90,9 @@ def _redis(report: dict) -> list[str]:
     for name, row in redis.get("streams", {}).items():
         lines.append(f"  stream {name}: length max {row['max']:.0f} (early {row['early_max']:.0f}, late "
                      f"{row['late_max']:.0f}), bound {row['cap']:,}: {row['verdict']}")
+    for name, row in redis.get("clients", {}).items():
+        lines.append(f"  connections of {name}: {row['start']:.0f} -> {row['end']:.0f} (early max "
+                     f"{row['early_max']:.0f}, late {row['late_max']:.0f}): {row['verdict']}")
     return lines
 
 

@@ -72,7 +72,7 @@ class RunControl:
         """The control of the run `cfg` describes, on the fleet's Redis."""
         from services.redis_server import make_client
 
-        store = ControlWrites(make_client(redis_url, decode_responses=True), cfg.run.name)
+        store = ControlWrites(make_client(redis_url, "coordinator-control", decode_responses=True), cfg.run.name)
         return cls(store, health, steps_total=cfg.run.steps, heartbeat_ttl_s=cfg.control.heartbeat_ttl_s)
 
     # -- step boundaries -------------------------------------------------------------------------------------

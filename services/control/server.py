@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+# The control plane's connections to Redis, opened as it starts and shared by the threads that serve requests (up to
+# 40 at once) and the driver's own reads: a fixed number all run long, whatever the load (a request waits for one
+# while all are in use; each holds one for a millisecond or so).
+CONTROL_REDIS_CONNECTIONS = 8
 
 
 def resolve_token(configured: str | None) -> tuple[str, bool]:
@@ -79,6 +83,15 @@ def serve(control: ControlConfig, store: ControlRequests, stream=None) -> "Contr
             flush=True,
         )
     return server
+
+
+def control_client(redis_url: str):
+    """The control plane's Redis client (`pcl-control` in CLIENT LIST): CONTROL_REDIS_CONNECTIONS connections, a
+    request that finds them all in use waiting up to REDIS_WAIT_S for one (then answered as Redis unreachable)."""
+    from services.control.outage import REDIS_WAIT_S
+    from services.redis_server import bounded_client
+
+    return bounded_client(redis_url, "control", CONTROL_REDIS_CONNECTIONS, REDIS_WAIT_S, decode_responses=True)
 
 
 class ControlServer:
@@ -137,10 +150,9 @@ class DriverControl:
         """`overrides`: the tunable selection settings a resumed run's config overrides (pcl.loop.resume): they
         replace what the control plane asked for before, loudly."""
         from services.redis_keeper import wait_while_full
-        from services.redis_server import make_client, masked
+        from services.redis_server import masked
 
-        self.store = ControlStore(make_client(redis_url, decode_responses=True), cfg.run.name,
-                                  depth_cache_s=cfg.control.depth_cache_s)
+        self.store = ControlStore(control_client(redis_url), cfg.run.name, depth_cache_s=cfg.control.depth_cache_s)
         wait_while_full(lambda: self._prepare(k_max, fresh, snapshot, overrides or {}), "the control state",
                         cfg.redis.full_timeout_s)
         self.server = serve(cfg.control, self.store) if cfg.control.enabled else None
@@ -192,13 +204,13 @@ class DriverControl:
 
 def serve_forever(control: ControlConfig, redis_url: str, run: str) -> int:
     """`pcl control`: serve a run's control plane from this process until interrupted."""
-    from services.redis_server import RedisUnavailable, connect, make_client
+    from services.redis_server import RedisUnavailable, connect
 
     try:
         connect(redis_url).close()
     except (RedisUnavailable, ValueError) as exc:  # unreachable, or not a redis:// / rediss:// / unix:// URL
         raise ConfigError(str(exc)) from None
-    store = ControlRequests(make_client(redis_url, decode_responses=True), run, depth_cache_s=control.depth_cache_s)
+    store = ControlRequests(control_client(redis_url), run, depth_cache_s=control.depth_cache_s)
     server = serve(control, store)
     print(f"pcl: serving run {run!r}; Ctrl-C stops", flush=True)
     try:

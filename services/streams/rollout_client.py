@@ -51,7 +51,8 @@ class RolloutClient:
         self.on_watch = on_watch
         self.by_worker: Counter[str] = Counter()  # samples of the current step by the worker that generated them
         self._by_worker_step: int | None = None
-        queues = open_role(make_client(redis_url), self.run, "coordinator", "coordinator", cfg.redis)
+        queues = open_role(make_client(redis_url, "coordinator"), self.run, "coordinator", "coordinator",
+                           cfg.redis)
         self.requests, self.results, self.rewards = (queues[name] for name in
                                                      ("rollout_requests", "rollout_results", "rewards"))
         self.watch = StragglerWatch(cfg, self.requests.client)
@@ -183,7 +184,7 @@ def purge_streams(redis_url: str, run: str) -> int:
     from services.redis_server import make_client
     from services.streams.counts import CountedStream
 
-    client = make_client(redis_url)
+    client = make_client(redis_url, "driver")
     try:
         return sum(CountedStream(client, stream_key(run, stream.name), stream.group).purge() for stream in STREAMS)
     finally:
@@ -198,7 +199,7 @@ def publish_answers(redis_url: str, run: str, answers: dict) -> None:
     """Store the gold answers (prompt id -> str, number or list) in Redis for the verifiers."""
     from services.redis_server import make_client
 
-    client = make_client(redis_url)
+    client = make_client(redis_url, "driver")
     try:
         key, items = answers_key(run), list(answers.items())
         pipe = client.pipeline(transaction=True)

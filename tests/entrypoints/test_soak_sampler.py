@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from entrypoints.soak.sampler import ProcessLabels, ray_session_dir, role_of, run_dir_files, session_files
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,6 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 SAMPLING = r"""
 import json, subprocess, sys, time
 from pathlib import Path
+
+import pytest
 from entrypoints.chaos.procs import ProcessTree
 from entrypoints.soak.sampler import Sampler
 
@@ -87,3 +91,25 @@ def test_roles_and_the_ray_session_from_titles(tmp_path):
     (session / "sockets").mkdir()
     assert session_files(session) == {"session/": 300, "logs/": 300, "logs/raylet.out": 300}
     assert run_dir_files(tmp_path / "missing") == {}
+
+
+@pytest.mark.redis
+def test_the_run_redis_is_sampled_with_its_connections_by_client_name(tmp_path):
+    """The run's Redis (named in RUN_DIR/control.json): its memory, streams, history, and the connections of each
+    client by the name `make_client` gives them, so a report can say whose pool grew."""
+    from entrypoints.soak.sampler import Sampler
+    from services.redis_server import make_client, start_embedded
+
+    with start_embedded(tmp_path / "redis", appendonly=False) as handle:
+        (tmp_path / "control.json").write_text(json.dumps({"redis_url": handle.url}))
+        held = [make_client(handle.url, "rollout-0"), make_client(handle.url, "rollout-0"), make_client(handle.url)]
+        try:
+            for client in held:
+                client.ping()
+            held[0].xadd("pcl:soak:rollout_requests", {"x": "1"})
+            redis = Sampler(None, tmp_path, "soak", driver_pid=lambda: None).redis()
+            assert redis["streams"] == {"rollout_requests": 1} and redis["used_memory"] > 0
+            assert redis["clients"] == {"pcl-rollout-0": 2, "unnamed": 1, "pcl-soak": 1}
+        finally:
+            for client in held:
+                client.close()

@@ -148,6 +148,18 @@ def test_a_file_that_climbs_is_not_bounded_and_the_history_cap_is_reported():
     assert history["after_cap"]["verdict"] == "bounded"
 
 
+def test_a_client_whose_connections_climb_late_is_named():
+    samples = _samples(hours=2.0)
+    for s in samples:  # a pool that still grows with its load an hour in, and two at their size from the start
+        late = s["t"] > 1.5 * 3600
+        s["redis"]["clients"] = {"pcl-control": 8, "pcl-rollout-0": 2, "unnamed": 3 + late}
+    report = build_report(samples, FACTS, {"ended": "finished"})
+    clients = report["redis"]["clients"]
+    assert clients["pcl-control"]["verdict"] == clients["pcl-rollout-0"]["verdict"] == "bounded"
+    assert clients["unnamed"]["verdict"] == "grows" and not report["passed"]
+    assert "connections of unnamed: 3 -> 4 (early max 3, late 4): grows" in format_report(report)
+
+
 def test_too_few_samples_judge_nothing():
     report = build_report(_samples(hours=0.05, every_s=60), FACTS, {"ended": "finished"})
     assert not report["passed"] and "nothing can be judged" in format_report(report)
