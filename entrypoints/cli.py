@@ -165,8 +165,10 @@ def _cmd_control(args: argparse.Namespace) -> int:
     url = args.redis_url or cfg.redis.url  # redis.url: REDIS_URL when the config leaves it unset (pcl.config)
     if not url:
         raise ConfigError("pcl control needs --redis-url (or REDIS_URL, or redis.url in --config)")
+    from actors.runtime import limit_malloc_arenas
     from services.control.server import serve_forever
 
+    limit_malloc_arenas()  # a control plane's request threads come and go for days, as in pcl train's driver
     return serve_forever(cfg.control, url, args.run or cfg.run.name)
 
 

@@ -247,7 +247,7 @@ def driver_control(cfg: Config, prep: Prepared, redis, fresh: bool):
     from services.incarnations import clear_incarnations
 
     if fresh:
-        clear_incarnations(redis.client(), cfg.run.name)
+        clear_incarnations(redis.client(name="driver"), cfg.run.name)
 
     return DriverControl(cfg, redis.url, prep.run_dir, k_max=len(prep.train_prompts) // cfg.run.m, fresh=fresh,
                          tools_url=redis.tcp_url, snapshot=control_snapshot(prep.checkpoint),

@@ -65,9 +65,9 @@ def test_a_local_ray_takes_the_ray_sections_health_checks(ray_session):
 def test_the_gcs_forgets_evicted_task_attempts_beyond_its_bound(ray_session):
     """Once the GCS holds RAY_task_events_max_num_task_in_gcs tasks' events, each new actor call evicts one, and the
     GCS remembers every evicted attempt (per job: one set for a whole run, about 16 actor calls a step) to drop its
-    late events, up to RAY_task_events_max_dropped_task_attempts_tracked_per_job_in_gcs: Ray's default of 1,000,000
-    is some 90 MB of the GCS server's memory, reached after 60,000 steps. With the bound, the GCS's clean-up (every
-    5 s) evicts that set down to it and says so in gcs_server.out; enough calls to pass the bound here."""
+    late events, up to RAY_task_events_max_dropped_task_attempts_tracked_per_job_in_gcs (Ray's default: 1,000,000;
+    the GCS server's memory grows with it: docs/operations.md, "Long runs"). With the bound, the GCS's clean-up
+    (every 5 s) evicts that set down to it and says so in gcs_server.out; enough calls to pass the bound here."""
     import re
     import time
 
