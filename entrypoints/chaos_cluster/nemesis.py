@@ -77,12 +77,23 @@ class Nemesis:
     def _fire(self, fault: ClusterFault) -> None:
         result = self.results[fault.index]
         try:
+            self._wait_running(fault)
             result["note"] = getattr(self, f"_{fault.kind}")(fault, result)
         except Exception as exc:  # noqa: BLE001 - recorded: a fault not carried out fails the run
             result["note"] = f"error: {exc!r}"[:300]
             self.errors.append(f"#{fault.index} {fault.kind}: {exc!r}"[:300])
         if result["injected_s"] is not None and result["ended_s"] is None:
             result["ended_s"] = round(self.job.clock(), 2)
+
+    def _wait_running(self, fault: ClusterFault, timeout_s: float = 300.0) -> None:
+        """A node fault waits for its container to run (one started again may be restarting: seed 3's packet loss
+        found the learner's container between two failed `ray start`s)."""
+        if fault.target not in ("rollout", "rollout2", "learner"):
+            return
+        deadline = time.monotonic() + timeout_s
+        while self.cluster.state(fault.target) != "running":
+            if time.monotonic() > deadline or self.stopped.wait(1.0):
+                raise RuntimeError(f"{fault.target} is not running (waited {timeout_s:g} s)")
 
     def _inject(self, result: dict) -> None:
         result["injected_s"] = round(self.job.clock(), 2)
