@@ -19,6 +19,7 @@ import ray
 
 from actors.handles import FleetHandles
 from actors.runtime import heartbeat
+from actors.stragglers import FleetRepair
 from actors.ports import ActorScorer, FleetLearner, SamplerPrompts, StreamRollouts, state_bytes_estimate
 from pcl.config import Config
 from pcl.data.prompts import PromptRecord
@@ -39,8 +40,9 @@ class Coordinator:
         self.heartbeat = heartbeat(Registry(fleet.redis_url, cfg.run.name), "coordinator", "coordinator")
         timeout_s = cfg.learner.timeout_s  # no remote call waits longer
         learner = FleetLearner(cfg, fleet.learners, fleet.rollout_workers, fleet.policy_path)
-        client = RolloutClient(cfg, fleet.redis_url, live_workers=learner.live_workers)
-        rollouts = StreamRollouts(client, learner, timeout_s)
+        repair = FleetRepair(learner, fleet.named())  # stragglers left out, stuck workers restarted
+        client = RolloutClient(cfg, fleet.redis_url, live_workers=learner.live_workers, on_watch=repair)
+        rollouts = StreamRollouts(client, learner, timeout_s, repair)
         scorer = ActorScorer(fleet.scorer, timeout_s) if fleet.scorer is not None else None
         strategy = make_strategy(cfg.selection, cfg.run.m, cfg.run.seed, n=cfg.run.n)
         loop = StepLoop(cfg, strategy, SamplerPrompts(fleet.sampler, timeout_s), scorer, rollouts, learner, run_dir)

@@ -46,24 +46,27 @@ def heartbeat(registry, role: str, instance: str):
     return beat_with(make_client(registry.redis_url, f"heartbeat-{instance}"), registry.run, role, instance)
 
 
-def beat_with(client, run: str, role: str, instance: str):
-    """`heartbeat` on a Redis client the actor already has."""
+def beat_with(client, run: str, role: str, instance: str, progress=None):
+    """`heartbeat` on a Redis client the actor already has; `progress()`, a serving worker's, goes with each beat."""
     import ray
 
     from services.incarnations import Heartbeat, Identity
 
-    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-    return Heartbeat(client, run, Identity(role, instance, node)).start()
+    node = actor = ""
+    if ray.is_initialized():
+        context = ray.get_runtime_context()
+        node, actor = context.get_node_id(), context.get_actor_id() or ""
+    return Heartbeat(client, run, Identity(role, instance, node, actor), progress=progress).start()
 
 
 def serving_heartbeat(service, name: str):
     """The heartbeat of a worker actor that serves a stream (`ServingThread`): its role and instance from `name`
     ("rollout-1"), its run and Redis from the stream its loop takes from (a rollout worker's requests, a
-    verifier's results)."""
+    verifier's results), and its serving loop's progress (services/streams/stragglers.py reads it)."""
     from services.streams.topology import run_of
 
     taken = getattr(service, "requests", None) or service.results
-    return beat_with(taken.client, run_of(taken.stream), name.rsplit("-", 1)[0], name)
+    return beat_with(taken.client, run_of(taken.stream), name.rsplit("-", 1)[0], name, progress=service.progress)
 
 
 # Ray's own growth over a run of days, bounded where this process starts a local Ray (a cluster's nodes take these
@@ -153,6 +156,30 @@ def gather(refs: list, timeout_s: float, what: str) -> list:
         ready, pending = ray.wait(pending, num_returns=1, timeout=min(left, 1.0))
         ray.get(ready)  # raises the first failure at once
     return ray.get(list(refs))
+
+
+def gather_answered(refs: list, timeout_s: float, what: str, laggard_s) -> list[bool]:
+    """`gather` that does not wait for laggards: once some calls answered, the others get `laggard_s(seconds the
+    slowest answer took)` more, and those still unanswered then are left (False; their calls stay queued on their
+    actors). Any failure raises at once; TimeoutError naming `what` when none answered within timeout_s."""
+    import time
+
+    import ray
+
+    start = time.monotonic()
+    index = {ref: i for i, ref in enumerate(refs)}
+    pending, answered = list(refs), {}
+    while pending:
+        now = time.monotonic()
+        if answered and now - start >= laggard_s(max(answered.values())):
+            break
+        if now - start >= timeout_s:
+            raise TimeoutError(f"{what}: {len(pending)} of {len(refs)} calls unanswered after {timeout_s:g}s")
+        ready, pending = ray.wait(pending, num_returns=1, timeout=1.0)
+        for ref in ready:
+            ray.get(ref)  # raises the first failure at once
+            answered[index[ref]] = time.monotonic() - start
+    return [i in answered for i in range(len(refs))]
 
 
 class ServingThread:

@@ -40,7 +40,7 @@ class RewardVerifier:
             answers = read_answers(client, run.name)
         queues = open_role(client, run.name, "verifier", name, redis)
         results, rewards = queues["rollout_results"], queues["rewards"]
-        self.service = VerifierService(self.pool, answers, results, rewards)
+        self.service = VerifierService(self.pool, answers, results, rewards, verifier=name)
         self.loop = ServingThread(self.service, name)
         self.loop.start()
 

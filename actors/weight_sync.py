@@ -1,18 +1,22 @@
 """The two routes of the learner's weights to the rollout fleet, behind one interface (`WeightSender`):
 
     sender = weight_sender(cfg, learners, workers)    # RpcWeights or CollectiveWeights, by rollout.weight_sync
-    sender.sync(version)                               # every worker serves `version` from here on
+    done = sender.sync(version, targets)               # those workers serve `version` from here on
     sender.reload(worker, version)                     # a worker Ray restarted gets the current weights
 
 - `rpc` (`RpcWeights`): learner rank 0 gathers the full state into Ray's object store; every worker loads it
-  (`RolloutWorker.load_weights`). Works with any engine; the weights pass through host memory.
+  (`RolloutWorker.load_weights`). Works with any engine; the weights pass through host memory. The sync goes to the
+  workers it is given (the coordinator leaves out stragglers: services/streams/stragglers.py) and does not wait for
+  a laggard: once some have loaded, one that has not within max(10 s, 3 x the slowest load) is left behind (its
+  load stays queued) and gets the weights when it makes progress again.
 - `collective` (`CollectiveWeights`): learner rank 0 and every vLLM worker form one torch.distributed group
   (`pcl.weight_sync.collective`: NCCL with GPUs, else gloo) and each step's weights are broadcast bucket by
   bucket into vLLM, from the learner's device as they are gathered (`pcl.weight_sync.stream`), leaving out the
   weights every engine ties to another (a tied `lm_head.weight`: the engines load the embedding for it).
   Ranks: learner rank 0 is 0; rollout worker i holds ranks 1 + i * tensor_parallel_size onwards (one per vLLM
   worker). A worker that Ray restarted is not in the group: it takes the weights by rpc,
-  and the group re-forms with it at the next sync.
+  and the group re-forms with it at the next sync. The group needs every member: a frozen worker holds the broadcast
+  until `learner.timeout_s` (then a restart from the checkpoint), stragglers or not.
 
 A group that cannot form or a transfer that fails raises within the timeout (naming the address); the
 coordinator's restart loop then takes over as for any failed step.
@@ -25,17 +29,24 @@ from typing import Protocol
 
 import ray
 
-from actors.runtime import gather
+from actors.runtime import gather, gather_answered
+from services.streams.stragglers import STRAGGLER_FACTOR, STRAGGLER_MIN_S
 
 log = logging.getLogger("pcl.weight_sync")
 
 
 class WeightSender(Protocol):
-    def sync(self, version: int) -> None:
-        """Send the learner's weights as policy `version` to every rollout worker."""
+    def sync(self, version: int, targets: list[int]) -> set[int]:
+        """Send the learner's weights as policy `version` to the rollout workers `targets` (indices); returns those
+        that took them."""
 
     def reload(self, worker, version: int) -> None:
         """Give the current weights (`version`) to one worker that lacks them (Ray restarted it)."""
+
+
+def laggard_wait(slowest_s: float) -> float:
+    """How long a weight sync waits for a worker once others loaded in up to `slowest_s` seconds."""
+    return max(STRAGGLER_MIN_S, STRAGGLER_FACTOR * slowest_s)
 
 
 class RpcWeights:
@@ -45,10 +56,16 @@ class RpcWeights:
         self.learners, self.workers, self.timeout_s = learners, workers, timeout_s
         self.ref = None  # the weights of the last sync in the object store
 
-    def sync(self, version: int) -> None:
+    def sync(self, version: int, targets: list[int]) -> set[int]:
         ref = self.learners.state_ref()
-        gather([w.load_weights.remote(ref, version) for w in self.workers], self.timeout_s, "weight sync")
+        loaded = gather_answered([self.workers[i].load_weights.remote(ref, version) for i in targets], self.timeout_s,
+                                 "weight sync", laggard_wait)
         self.ref = ref
+        left = [i for i, ok in zip(targets, loaded) if not ok]
+        if left:
+            log.warning("weight sync of version %d: rollout worker(s) %s did not load within the laggard wait: "
+                        "left behind", version, left)
+        return {i for i, ok in zip(targets, loaded) if ok}
 
     def reload(self, worker, version: int) -> None:
         if self.ref is None:
@@ -84,7 +101,8 @@ class CollectiveWeights:
                  world, ", ".join(self.skip) or "none")
         self.formed = True
 
-    def sync(self, version: int) -> None:
+    def sync(self, version: int, targets: list[int]) -> set[int]:
+        """Every worker, `targets` or not: the broadcast's group holds them all."""
         if not self.formed:
             self.form()
         refs = self.learners.broadcast_refs(self.cfg.weight_sync_bucket_mb << 20, self.skip)
@@ -94,6 +112,7 @@ class CollectiveWeights:
         except Exception:
             self.formed = False  # a member may be gone or out of step: re-form before the next broadcast
             raise
+        return set(range(len(self.workers)))
 
     def reload(self, worker, version: int) -> None:
         """By rpc (the restarted worker is not in the group); the group re-forms with it at the next sync."""

@@ -155,6 +155,13 @@ class RolloutConfig(Section):
     num_gpus_per_worker: float = Field(0.0, ge=0)
     resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each rollout worker needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
     step_timeout_s: float = Field(1800.0, gt=0, description="Deadline for a step's samples to be generated and verified.")
+    straggler_timeout_s: float | None = Field(None, gt=0, description="A worker that has made no progress for this "
+                                              "long (its pass or its heartbeat stalled) has its chunk handed to the "
+                                              "live workers; the first copy in counts. null: derived, "
+                                              "max(10 s, 3 x the chunk's samples x the fleet's measured seconds "
+                                              "per sample).")
+    stuck_timeout_s: float | None = Field(300.0, gt=0, description="A worker without progress this long is "
+                                          "restarted (its process killed; Ray starts it again). null: never.")
     deterministic: bool = Field(False, description="Seed each request from (run.seed, step, prompt, first sample "
                                 "index) and generate it alone: samples no longer depend on batching or on which "
                                 "worker serves them, so a resumed run repeats a straight one exactly (CPU; slower).")
@@ -169,7 +176,16 @@ class RolloutConfig(Section):
     def _collective_needs_vllm(self) -> "RolloutConfig":
         if self.weight_sync == "collective" and self.engine != "vllm":
             raise ValueError("weight_sync=collective needs engine=vllm (the HF engine takes weights by rpc)")
-        return self
+        return _stuck_after_straggler(self)
+
+
+def _stuck_after_straggler(section):
+    """A worker is restarted only after its work was handed over: stuck_timeout_s above straggler_timeout_s."""
+    stuck, straggler = section.stuck_timeout_s, section.straggler_timeout_s
+    if stuck is not None and straggler is not None and stuck <= straggler:
+        raise ValueError(f"stuck_timeout_s ({stuck:g}) must exceed straggler_timeout_s ({straggler:g}): a worker "
+                         f"is restarted only after its work was handed to the others")
+    return section
 
 
 class VerifierConfig(Section):
@@ -182,6 +198,15 @@ class VerifierConfig(Section):
     max_error_share: float = Field(0.1, ge=0, le=1, description="A step whose share of rewards that are verifier "
                                    "errors (not verdicts) exceeds this fails instead of training on their zeros.")
     resources: Resources = Field(default_factory=dict, description="Custom Ray resources {name: amount} each verifier worker needs, to steer placement on a cluster (nodes offer them with `ray start --resources`).")
+    straggler_timeout_s: float | None = Field(None, gt=0, description="A verifier without progress this long has "
+                                              "the results it holds handed to the live verifiers. null: derived "
+                                              "from the measured verification seconds per sample, at least 10 s.")
+    stuck_timeout_s: float | None = Field(120.0, gt=0, description="A verifier without progress this long is "
+                                          "restarted (its process killed; Ray starts it again). null: never.")
+
+    @model_validator(mode="after")
+    def _stuck_after_straggler(self) -> "VerifierConfig":
+        return _stuck_after_straggler(self)
 
 
 # The rollout engines that report each sampled token's log-probability (`Generation.logprobs`): the off-policy

@@ -10,12 +10,18 @@ and last beat in the Redis server's clock (one clock for every node), and two in
 beats overlap in time were alive together (`pcl.tools.partition_checks.check_incarnations`).
 
     beat = Heartbeat(client, run, Identity("rollout", "rollout-1", node=node_id)).start()   # every BEAT_S
+    beat = Heartbeat(client, run, identity, progress=service.progress).start()  # a worker's progress on each beat
     beat.stop()                                   # the actor ends: a last beat, marked ended
     read_incarnations(client, run)                # every incarnation the run had, first beat first
     live_incarnations(client, run)                # those that beat within LIVE_S and did not end
 
+A serving worker's beat also carries its progress (`progress`: how long its serving loop has been in the pass under
+way, `busy_s`, and how many samples that pass holds, `samples`): the coordinator reads it to tell a straggler (no
+progress for its straggler timeout: its work is handed to the others) from a slow healthy pass
+(`services/streams/stragglers.py`). A process that stopped (SIGSTOP, a frozen node) beats no more: its last beat ages.
+
 One hash per run, pcl:{run}:incarnations, a few fields per incarnation ("{instance}|{incarnation}|info", "|first",
-"|last", "|ended"), written by one script per beat: it grows with the starts, not the beats. A fresh run clears it
+"|last", "|ended", "|progress"), written by one script per beat: it grows with the starts, not the beats. A fresh run clears it
 (`clear_incarnations`); a restart or a resume keeps it, so the checks see every incarnation the run had. A beat
 that fails (Redis restarting, unreachable or full) is skipped and the next one tries again: the heartbeat never
 holds its actor up.
@@ -30,6 +36,7 @@ import socket
 import threading
 import uuid
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import redis
 
@@ -47,6 +54,7 @@ redis.call('HSETNX', KEYS[1], ARGV[1] .. '|info', ARGV[2])
 redis.call('HSETNX', KEYS[1], ARGV[1] .. '|first', ms)
 redis.call('HSET', KEYS[1], ARGV[1] .. '|last', ms)
 if ARGV[3] == '1' then redis.call('HSET', KEYS[1], ARGV[1] .. '|ended', ms) end
+if ARGV[4] ~= '' then redis.call('HSET', KEYS[1], ARGV[1] .. '|progress', ARGV[4]) end
 return ms
 """
 
@@ -62,6 +70,7 @@ class Identity:
     role: str  # coordinator, sampler, scorer, learner, rollout, verifier
     instance: str  # which of the role's actors: "rollout-1", "learner-0", "coordinator"; the same across restarts
     node: str = ""  # the Ray node id it runs on
+    actor: str = ""  # its Ray actor's id (the same across Ray's restarts of it; "" outside Ray)
     host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
     incarnation: str = INCARNATION
@@ -82,8 +91,11 @@ class Registry:
 class Heartbeat:
     """An actor process's heartbeat in its run's registry, beaten every `every_s` from a daemon thread."""
 
-    def __init__(self, client: redis.Redis, run: str, identity: Identity, every_s: float = BEAT_S):
+    def __init__(self, client: redis.Redis, run: str, identity: Identity, every_s: float = BEAT_S,
+                 progress: Callable[[], dict] | None = None):
+        """progress(): a serving worker's progress, written with each beat ({"busy_s", "samples"})."""
         self.client, self.run, self.identity, self.every_s = client, run, identity, every_s
+        self.progress = progress
         self.key = registry_key(run)
         self.info = json.dumps(asdict(self.identity), sort_keys=True)
         self.script = client.register_script(_BEAT)
@@ -93,8 +105,9 @@ class Heartbeat:
 
     def beat(self, ended: bool = False) -> int | None:
         """Write one beat; returns the server's time of it in ms, or None when it could not be written."""
+        progress = json.dumps(self.progress()) if self.progress is not None else ""
         try:
-            ms = int(self.script(keys=[self.key], args=[self.identity.field_prefix, self.info, int(ended)]))
+            ms = int(self.script(keys=[self.key], args=[self.identity.field_prefix, self.info, int(ended), progress]))
         except (redis.RedisError, OSError) as exc:  # restarting, unreachable or full: the next beat tries again
             log.debug("heartbeat of %s not written: %r", self.identity.instance, exc)
             return None
@@ -122,13 +135,15 @@ class Heartbeat:
 def read_incarnations(client: redis.Redis, run: str) -> list[dict]:
     """Every incarnation in the run's registry, first beat first: its identity (role, instance, incarnation, node,
     host, pid) with `first_ms`, `last_ms` and `ended_ms` (None unless it stopped on purpose), in the Redis server's
-    clock."""
+    clock, and `progress` (a serving worker's, at its last beat; None for the others)."""
     found: dict[str, dict] = {}
     for name, value in client.hgetall(registry_key(run)).items():
         prefix, _, part = (name.decode() if isinstance(name, bytes) else name).rpartition("|")
-        entry = found.setdefault(prefix, {"first_ms": None, "last_ms": None, "ended_ms": None})
+        entry = found.setdefault(prefix, {"first_ms": None, "last_ms": None, "ended_ms": None, "progress": None})
         if part == "info":
             entry.update(json.loads(value))
+        elif part == "progress":
+            entry["progress"] = json.loads(value)
         else:
             entry[f"{part}_ms"] = int(value)
     complete = [e for e in found.values() if "instance" in e and e["first_ms"] is not None]

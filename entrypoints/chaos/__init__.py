@@ -28,6 +28,7 @@ from pathlib import Path
 from pcl.config import Config, ConfigError, ENV_FALLBACKS, load_config
 from pcl.tools.chaos_checks import MALFORMED_MARK, Check, check_accuracy, check_control, check_processes, check_weights
 from pcl.tools.chaos_report import build_report, commit_times, format_report, recover, steps_redone
+from pcl.tools.partition_checks import check_freezes
 from pcl.tools.chaos_schedule import (MIN_KINDS, WINDOW_SHARE, Schedule, check_schedule, draw_schedule, fit_window,
                                       seconds_per_step)
 
@@ -177,6 +178,8 @@ def reference_checks(cfg: Config, files: list[str], overrides: list[str], run, r
 def report(schedule: Schedule, run, checks: list[Check], replay: str) -> int:
     """Print the report and write it (text and JSON) into the run directory; 0 when it passed."""
     faults = recover(run.injector.results if run.injector else [], commit_times(run.timeline), run.finished_at)
+    if any(f.kind == "freeze" for f in schedule.faults):  # liveness: a frozen worker did not freeze the run
+        checks = [*checks, check_freezes(faults, run.timeline)]
     steps = max((s for what, _, s in run.timeline if what == "commit"), default=0)
     seconds = run.finished_at if run.finished_at is not None else run.since_t0(run.clock())
     summary = {"finished": run.finished, "error": run.error, "steps": steps, "seconds": seconds,

@@ -4,7 +4,9 @@
     injector.start(t0)                     # each fault in its own thread at t0 + at_s
     injector.stop(); injector.results      # one dict per fault: when it was injected and ended, in which phase
 
-A fault aimed at a process waits for one to exist (a fault drawn during a restart strikes the new process); one
+A fault aimed at a process waits for one to exist (a fault drawn during a restart strikes the new process); a
+freeze stops a rollout worker's or verifier's process (SIGSTOP) for its drawn hold and continues it (SIGCONT; always,
+even when the run ends first), or finds it gone: the run restarted it as stuck meanwhile. One
 aimed at a phase (weight sync, checkpoint write) watches the run's processes and checkpoint directory every few
 milliseconds from its time on and strikes while the phase lasts. What cannot be injected within WAIT_S is
 reported as not injected, with the reason; a fault whose time (or target, or phase) had not come when the run
@@ -218,6 +220,30 @@ class Injector:
                 if time.monotonic() >= deadline or self.stopped.is_set():
                     raise
                 time.sleep(0.5)
+
+    def _freeze(self, fault: Fault, result: dict) -> str:
+        """SIGSTOP of a rollout worker's or verifier's process, SIGCONT after the fault's hold."""
+        pids = self._wait("live rollout worker or verifier process",
+                          lambda: self.run.tree.pids("RolloutWorker") + self.run.tree.pids("RewardVerifier"))
+        pid = pids[fault.target % len(pids)]
+        title = title_of(pid)
+        self._mark(result)
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:  # gone since the last scan: the next one
+            result["injected_s"] = None
+            self.run.tree.scan()
+            return self._freeze(fault, result)
+        try:
+            self.stopped.wait(fault.hold_s)
+        finally:
+            result["ended_s"] = round(self.run.clock() - self.t0, 2)
+            try:
+                os.kill(pid, signal.SIGCONT)
+                fate = "continued"
+            except ProcessLookupError:
+                fate = "gone when its hold ended (restarted as stuck)"
+        return f"{title[:40]} pid {pid} stopped {fault.hold_s:g} s, {fate}"
 
     def _weight_sync(self, fault: Fault, result: dict) -> str:
         pids = self._phase(lambda titles: [pid for pid, t in titles.items() if t.startswith(WEIGHT_SYNC_TITLES)])

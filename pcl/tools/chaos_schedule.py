@@ -11,7 +11,7 @@ checkpoint write) is armed at its time and fired at the next such phase the run 
 their time, or as soon as their target exists (a fault drawn during a restart waits for the process it kills).
 
 The rules: `count` faults; every kind once before any kind twice (so at least min(count, 7) kinds; 12 faults cover
-all 11); about a third of the faults within seconds (0.5 to 4 s) after another one. The control plane's actions
+all 12); about a third of the faults within seconds (0.5 to 4 s) after another one. The control plane's actions
 (a pause and its resume, a tau retune, a checkpoint request) are drawn from the same seed.
 
 The window must fit the run: a fault drawn after the run's end is never injected. `fit_window` takes a share of
@@ -40,8 +40,12 @@ KINDS: dict[str, str] = {
     "malformed": "a malformed entry written into each work stream",
     "weight_sync": "SIGKILL of a process taking part in a weight sync, during it",
     "checkpoint_write": "SIGKILL of a process writing a checkpoint, during the write",
+    "freeze": "SIGSTOP of a rollout worker's or verifier's process, held a while, then SIGCONT",
 }
 PHASED = {"weight_sync": "weight-sync", "checkpoint_write": "checkpoint-write"}  # kind -> the phase it waits for
+# kind -> the range its hold is drawn from, in seconds: Redis kept full; a process kept stopped (from below the
+# straggler timeout's 10 s floor to past configs/chaos.yaml's 25 s stuck timeout)
+HOLD_S = {"redis_full": (3.0, 10.0), "freeze": (5.0, 40.0)}
 MIN_FAULTS, MIN_KINDS = 12, 7  # the full run's rules (issue 35)
 CLOSE_S = (0.5, 4.0)  # a clustered fault follows another by this many seconds
 LEAD_S = 5.0  # no fault before the run has trained for this long
@@ -56,7 +60,7 @@ class Fault:
     kind: str
     at_s: float  # seconds after training starts (a phased fault is armed then)
     target: int = 0  # which process of its kind (modulo those alive when it fires)
-    hold_s: float = 0.0  # redis_full: seconds Redis stays full
+    hold_s: float = 0.0  # redis_full: seconds Redis stays full; freeze: seconds the process stays stopped
 
     @property
     def phase(self) -> str | None:
@@ -110,7 +114,7 @@ def draw_schedule(seed: int, count: int, window_s: float, kinds: tuple[str, ...]
     for i in sorted(close):  # in order, so a chain of close faults stays close
         times[i] = times[i - 1] + rng.uniform(*CLOSE_S)
     faults = tuple(Fault(i, kind, round(at, 2), rng.randrange(1 << 16),
-                         round(rng.uniform(3.0, 10.0), 1) if kind == "redis_full" else 0.0)
+                         round(rng.uniform(*HOLD_S[kind]), 1) if kind in HOLD_S else 0.0)
                    for i, (kind, at) in enumerate(zip(order, sorted(times))))
     return Schedule(seed, window_s, faults, draw_actions(rng, window_s))
 

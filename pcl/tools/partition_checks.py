@@ -4,13 +4,17 @@ those: each check takes what was read and returns a `Check`; fed nothing, it fai
 
     check_incarnations(incarnations, expected_instances(cfg))   # services/incarnations.py: read_incarnations
     check_stale_results(metrics_lines, incarnations)            # the step records' dropped_stale_by_producer
+    check_freezes(faults, timeline)                             # a chaos run's SIGSTOPped workers (liveness)
 
 - incarnations: every long-lived actor beat its heartbeat (each instance the run's config starts was seen), and no
   two incarnations of one instance (two processes acting as `rollout-1`) beat over the same span of time, in the
   Redis server's clock: an actor is started again only once its previous process is gone;
 - stale results: the results the collector dropped as stale (for a step or a policy version the run had moved
   past), counted by the node and incarnation that produced them; the count never goes back from one step record
-  to the next. That none of them was trained on is the `steps`, `batches` and `versions` checks' to show.
+  to the next. That none of them was trained on is the `steps`, `batches` and `versions` checks' to show;
+- frozen workers: a worker frozen (SIGSTOP) for FREEZE_LIVE_S or longer did not freeze the run: a step was committed
+  while it was stopped, from FREEZE_GRACE_S after it stopped (its straggler timeout, then a step) to its end; a
+  freeze that another fault's span (from its injection to its recovery) or a restart overlaps is excused, counted.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 from pcl.tools.chaos_checks import Check, _joined, _listed
+
+
+FREEZE_LIVE_S = 20.0  # a freeze held this long must leave the run training
+FREEZE_GRACE_S = 15.0  # from this long after it began: the derived straggler timeout's 10 s floor, then a step
 
 
 def expected_instances(cfg) -> set[str]:
@@ -108,3 +116,33 @@ def check_stale_results(metrics_lines: list[dict], incarnations: list[dict]) -> 
         summary += f": by node {by_node}; by producer " + ", ".join(f"{p} {c}" for p, c in sorted(last.items()))
     ok = not problems
     return Check("stale results", ok, summary if ok else summary + "; " + _joined(problems))
+
+
+def check_freezes(faults: list[dict], timeline: list[tuple[str, float, int]]) -> Check:
+    """`faults`: a chaos run's faults with their times (kind, injected_s, ended_s, recovered_s:
+    `pcl.tools.chaos_report.recover`); `timeline`: its ("commit" | "restored", seconds, step) events. Every freeze
+    held FREEZE_LIVE_S or longer saw a step committed between FREEZE_GRACE_S into it and its end, unless another
+    fault's span or a restart overlaps that (excused, counted)."""
+    freezes = [f for f in faults if f["kind"] == "freeze" and f.get("injected_s") is not None]
+    if not freezes:
+        return Check("frozen workers", False, "no freeze was injected: nothing to check")
+    others = [(f["injected_s"], f.get("ended_s", f["injected_s"]) + (f.get("recovered_s") or 0.0))
+              for f in faults if f["kind"] != "freeze" and f.get("injected_s") is not None]
+    restores = [t for what, t, _ in timeline if what == "restored"]
+    commits = [t for what, t, _ in timeline if what == "commit"]
+    kept, excused, stalled, short = [], 0, [], 0
+    for f in freezes:
+        start, end = f["injected_s"] + FREEZE_GRACE_S, f.get("ended_s", f["injected_s"])
+        if end - f["injected_s"] < FREEZE_LIVE_S:
+            short += 1
+        elif any(start < t <= end for t in commits):
+            kept.append(sum(start < t <= end for t in commits))
+        elif any(a < end and b > start for a, b in others) or any(start - 30 < t <= end for t in restores):
+            excused += 1
+        else:
+            stalled.append(f"#{f['index']} at {f['injected_s']:.1f} s, held {end - f['injected_s']:.1f} s")
+    detail = (f"{len(freezes)} freezes: {len(kept)} held {FREEZE_LIVE_S:g} s or longer with the run training on "
+              f"({_listed(kept)} steps from {FREEZE_GRACE_S:g} s in), {short} shorter, {excused} overlapped by "
+              f"another fault or a restart")
+    return Check("frozen workers", not stalled, detail if not stalled else
+                 detail + "; no step while stopped: " + _joined(stalled))

@@ -45,6 +45,9 @@ class StepCollector:
         # stale_step + stale_version by the process that generated them, "{worker}@{incarnation}" (a node cut off
         # and back writes late: services/incarnations.py names the node of each incarnation)
         self.stale_by_producer: Counter[str] = Counter()
+        # notes dropped as stale or duplicates by the verifier that wrote them, "{verifier}@{incarnation}" (a verifier
+        # that froze, its results handed to another meanwhile, writes its notes late)
+        self.late_by_verifier: Counter[str] = Counter()
 
     def offer(self, record: Record) -> bool:
         """Keep the record if it belongs to this batch and is new; True when kept."""
@@ -78,7 +81,8 @@ class StepCollector:
         key = (record.prompt_id, record.sample_index)
         if record.run != self.run:
             self.unexpected += 1
-        elif record.step != self.step:
+            return False
+        if record.step != self.step:
             self.stale_step += 1
             self.stale_by_producer[producer(record)] += 1
         elif record.policy_version != self.policy_version:
@@ -86,11 +90,14 @@ class StepCollector:
             self.stale_by_producer[producer(record)] += 1
         elif key not in self.expected:
             self.unexpected += 1
+            return False
         elif key in self.records:
             self.duplicates += 1
         else:
             self.records[key] = record
             return True
+        if getattr(record, "verifier", ""):  # a late note: stale, or the second copy of one
+            self.late_by_verifier[record.verifier] += 1
         return False
 
     @property

@@ -235,6 +235,7 @@ class RewardNote(_Wire):
     verifier_error: bool = False  # the verifier could not score it (a worker error, twice): reward 0, not a verdict
     worker: str = ""  # the rollout worker that generated the sample, copied from the result
     incarnation: str = ""  # that worker's process, copied from the result: what a stale note is counted by
+    verifier: str = ""  # the verifier that scored it, "verifier-0@<incarnation>": what a late note is counted by
 
     def __post_init__(self) -> None:
         _check_text(self, ("run", "prompt_id", "result_entry"))
@@ -245,10 +246,10 @@ class RewardNote(_Wire):
 
     @classmethod
     def of(cls, result: RolloutResult, result_entry: str, position: int, reward: float, verifier_seconds: float,
-           timed_out: bool, verifier_error: bool = False) -> "RewardNote":
+           timed_out: bool, verifier_error: bool = False, verifier: str = "") -> "RewardNote":
         return cls(result.run, result.step, result.prompt_id, result.sample_index, result.policy_version,
                    reward, verifier_seconds, timed_out, result_entry, position, verifier_error, result.worker,
-                   result.incarnation)
+                   result.incarnation, verifier)
 
     @property
     def key(self) -> RecordKey:

@@ -221,12 +221,17 @@ class WorkQueue(StreamUpkeep):
             self._retry(what, lambda: self.counted.forward(stream, payloads, ids))
         self._held.difference_update(ids)
 
-    def release(self, deliveries: Sequence[Delivery]) -> None:
-        """Hand deliveries back without a verdict: any consumer's next take() may reclaim them at once."""
-        ids = [delivery.id for delivery in deliveries]
-        if ids:  # JUSTID keeps the delivery count; IDLE makes them look stale now
-            self._retry("XCLAIM", lambda: self.client.xclaim(
-                self.stream, self.group, self.consumer, 0, ids, idle=self.visibility_ms, justid=True))
+    def release(self, deliveries: Sequence[Delivery], count_delivery: bool = True) -> None:
+        """Hand deliveries back without a verdict: any consumer's next take() may reclaim them at once. With
+        count_delivery=False this delivery does not count toward max_deliveries (the consumer could not serve it,
+        through no fault of the entry's: weights behind the request's)."""
+        by_count: dict[int | None, list[str]] = {}
+        for delivery in deliveries:  # JUSTID keeps the delivery count, RETRYCOUNT sets it; IDLE: stale now
+            by_count.setdefault(None if count_delivery else delivery.deliveries - 1, []).append(delivery.id)
+        for count, ids in by_count.items():
+            self._retry("XCLAIM", lambda ids=ids, count=count: self.client.xclaim(
+                self.stream, self.group, self.consumer, 0, ids, idle=self.visibility_ms, retrycount=count,
+                justid=True))
             self._held.difference_update(ids)
 
     def release_held(self) -> int:

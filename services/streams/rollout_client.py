@@ -6,7 +6,9 @@ live rollout worker so that every worker generates its share (`pcl.engines.batch
 exactly one `RewardNote` per (prompt, sample index) from the reward stream and joins each with the result it points
 at (read back from the results stream) into a `RewardRecord`, then trims the streams (the step is committed). A
 request whose output the verifiers refuse (its log-probabilities are not finite numbers <= 0) is asked for once
-more, and a second refusal stops the run naming it (`services.streams.refusals`).
+more, and a second refusal stops the run naming it (`services.streams.refusals`). While it waits, it watches the
+fleet's progress every WATCH_S (`services.streams.stragglers`): what a worker without progress holds is handed to
+the live workers, and a worker stuck for longer is named to `on_watch`'s caller for a restart.
 """
 
 from __future__ import annotations
@@ -25,30 +27,38 @@ from pcl.reward.errors import check_verifier_errors
 from services.streams.payloads import TOKEN_DTYPE, RequestRecord, unpack_logprobs, unpack_tokens
 from services.streams.collector import StepCollector
 from services.streams.refusals import Refusals
+from services.streams.stragglers import StragglerWatch
 from services.streams.topology import STREAMS, open_role, stream_key
 
 log = logging.getLogger(__name__)
 WAIT_CHECK_S = 5.0  # while a step's samples are missing, the fleet's weights are checked this often
+WATCH_S = 1.0  # and the workers' progress this often (stragglers' work handed over)
 
 
 class RolloutClient:
     """The coordinator's side of the streams: it writes requests, takes reward notes and reads results back."""
 
-    def __init__(self, cfg: Config, redis_url: str, live_workers: Callable[[], int] | None = None):
+    def __init__(self, cfg: Config, redis_url: str, live_workers: Callable[[], int] | None = None,
+                 on_watch: Callable[[StragglerWatch], None] | None = None):
         """live_workers(): how many rollout workers serve now (a step's requests are cut into that many chunks);
-        rollout.num_workers when not given."""
+        rollout.num_workers less the stragglers when not given. on_watch(watch): called after each look at the
+        fleet's progress (the coordinator restarts the stuck workers, `watch.stuck()`)."""
         from services.redis_server import make_client
 
         self.cfg, self.run = cfg, cfg.run.name
-        self.live_workers = live_workers or (lambda: cfg.rollout.num_workers)
+        self.live_workers = live_workers or (
+            lambda: max(1, cfg.rollout.num_workers - len(self.watch.straggling("rollout"))))
+        self.on_watch = on_watch
         self.by_worker: Counter[str] = Counter()  # samples of the current step by the worker that generated them
         self._by_worker_step: int | None = None
         queues = open_role(make_client(redis_url, "coordinator"), self.run, "coordinator", "coordinator",
                            cfg.redis)
         self.requests, self.results, self.rewards = (queues[name] for name in
                                                      ("rollout_requests", "rollout_results", "rewards"))
+        self.watch = StragglerWatch(cfg, self.requests.client)
         self.dropped: Counter[str] = Counter()
         self.stale_by_producer: Counter[str] = Counter()  # results dropped as stale, by "{worker}@{incarnation}"
+        self.late_by_verifier: Counter[str] = Counter()  # notes dropped as stale or duplicates, by their verifier
         self.totals: Counter[str] = Counter()  # samples, response tokens and verifier timeouts, all steps
 
     def generate(self, step: int, policy_version: int, prompts: list, n: int, on_wait=None,
@@ -76,16 +86,20 @@ class RolloutClient:
         run = f"{self.run}:{tag}" if tag else self.run
         records = self._records(run, step, policy_version, requests)
         refusals = Refusals(self.results, records)  # before the put: every later refusal may be about them
+        self.watch_fleet()  # stragglers are left out of the chunks
         self.requests.put(request_chunks(records, self.live_workers(), self.cfg.rollout.max_in_flight))
         collector = StepCollector(run, step, policy_version, {(r.prompt_id, i) for r in requests for i in r.indices},
                                   resolve=self.results.join)
         self._collect(collector, refusals, step, on_wait, on_progress)
         self.dropped.update(collector.dropped())
         self.stale_by_producer.update(collector.stale_by_producer)
+        self.late_by_verifier.update(collector.late_by_verifier)
         batch = collector.batch()
         self._count(batch, step, own=not tag)
+        self.watch.observe(batch)
         for queue in (self.requests, self.results, self.rewards):  # the batch is complete: trim its records
             queue.trim_committed()
+        self.watch.committed()
         return [Sample(rec.prompt_id, rec.sample_index, tuple(unpack_tokens(rec.prompt_token_ids).tolist()),
                        tuple(unpack_tokens(rec.token_ids).tolist()), float(rec.reward), rec.finish_reason,
                        tuple(unpack_logprobs(rec.logprobs).tolist()) if rec.logprobs else None, rec.policy_version)
@@ -105,8 +119,11 @@ class RolloutClient:
         (`services.streams.refusals`: RefusedTwice the second time)."""
         timeout_s = self.cfg.rollout.step_timeout_s
         deadline = time.monotonic() + timeout_s
-        next_check = time.monotonic() + WAIT_CHECK_S
+        next_check, next_watch = time.monotonic() + WAIT_CHECK_S, time.monotonic() + WATCH_S
         while not collector.complete:
+            if time.monotonic() > next_watch:
+                self.watch_fleet(collector.missing)
+                next_watch = time.monotonic() + WATCH_S
             if on_wait is not None and time.monotonic() > next_check:
                 on_wait()
                 next_check = time.monotonic() + WAIT_CHECK_S
@@ -121,6 +138,14 @@ class RolloutClient:
             self.rewards.ack(deliveries)
             if on_progress is not None and len(collector.records) != before:
                 on_progress(len(collector.records), len(collector.expected))
+
+    def watch_fleet(self, missing: set | None = None) -> None:
+        """Look at the fleet's progress: hand over what stragglers hold of `missing`, then `on_watch`."""
+        self.watch.poll()
+        if missing:
+            self.watch.hand_over(missing)
+        if self.on_watch is not None:
+            self.on_watch(self.watch)
 
     def _count(self, batch: list, step: int, own: bool) -> None:
         """Add a complete batch to the totals (verifier errors beyond verifier.max_error_share raise) and, for
@@ -141,6 +166,8 @@ class RolloutClient:
         for the step record."""
         out = {f"dropped_{k}": int(v) for k, v in self.dropped.items()}
         out["dropped_stale_by_producer"] = {k: int(v) for k, v in sorted(self.stale_by_producer.items())}
+        out["dropped_late_by_verifier"] = {k: int(v) for k, v in sorted(self.late_by_verifier.items())}
+        out["handed_over_by_worker"] = {k: int(v) for k, v in sorted(self.watch.handed_over.items())}
         out["dead_letters"] = sum(q.dead_letter_count() for q in (self.requests, self.results, self.rewards))
         out.update({key: int(self.totals[key]) for key in ("samples_total", "generated_tokens_total",
                                                              "verifier_timeouts_total", "verifier_errors_total")})

@@ -33,6 +33,10 @@ def _id_before(entry_id: str) -> str:
     return f"{ms}-{seq - 1}" if seq else f"{ms - 1}-{2**64 - 1}"
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _letter(fields: dict[bytes, bytes]) -> dict[str, object]:
     return {key.decode(): (value if key == b"payload" else value.decode()) for key, value in fields.items()}
 
@@ -55,7 +59,16 @@ class StreamUpkeep:
         """The records at (entry id, position in the entry's group), read back from this stream (pipelined
         XRANGEs, each entry read and decoded once); None where the entry is gone (trimmed), does not decode,
         or has no such position. Reading does not touch any consumer group."""
-        ids = list(dict.fromkeys(entry_id for entry_id, _ in refs))
+        entries = self.read_entries([entry_id for entry_id, _ in refs])
+        out: list[Record | None] = []
+        for entry_id, position in refs:
+            records = entries[entry_id]
+            out.append(records[position] if records is not None and 0 <= position < len(records) else None)
+        return out
+
+    def read_entries(self, entry_ids: Sequence[str]) -> dict[str, list[Record] | None]:
+        """The records of each entry, by id (None where it is gone or does not decode), read as `fetch` reads."""
+        ids = list(dict.fromkeys(entry_ids))
         entries: dict[str, list[Record] | None] = {}
         for start in range(0, len(ids), FETCH_CHUNK):
             chunk = ids[start:start + FETCH_CHUNK]
@@ -72,11 +85,7 @@ class StreamUpkeep:
                 except PayloadError as exc:
                     log.error("%s: entry %s does not decode: %s", self.stream, entry_id, exc)
                     entries[entry_id] = None
-        out: list[Record | None] = []
-        for entry_id, position in refs:
-            records = entries[entry_id]
-            out.append(records[position] if records is not None and 0 <= position < len(records) else None)
-        return out
+        return entries
 
     def join(self, notes: Sequence[RewardNote]) -> list[RewardRecord | None]:
         """Reward notes joined with the results they point at in this (the results) stream: one RewardRecord
@@ -137,6 +146,13 @@ class StreamUpkeep:
         except redis.ResponseError:  # the stream does not exist (yet)
             return None
         return next((g for g in groups if g["name"].decode() == self.group), None)
+
+    def held(self, count: int = 10_000) -> list[tuple[str, str, int]]:
+        """(entry id, consumer, ms since it was last delivered) of the entries the group's consumers hold
+        unacknowledged (its pending entries, up to `count`), oldest first."""
+        pending = self._retry("XPENDING", lambda: self.client.xpending_range(self.stream, self.group, "-", "+",
+                                                                             count))
+        return [(_text(p["message_id"]), _text(p["consumer"]), int(p["time_since_delivered"])) for p in pending]
 
     def tail_id(self) -> str:
         """Id of the newest entry, "0-0" when the stream is empty."""

@@ -8,7 +8,14 @@
 
 On-policy is enforced here: a request is served only by weights of exactly its `policy_version`. A request
 for an older version is acknowledged and counted, never generated; one for a newer version is handed back
-so a worker that already holds those weights takes it. Truncated responses are rewarded 0 (algorithm step 5).
+so a worker that already holds those weights takes it (without counting a delivery: a worker left behind by a
+weight sync, frozen meanwhile, must not dead-letter the step's requests). Truncated responses are rewarded 0
+(algorithm step 5).
+
+Each service says how long it has gone without progress in its pass under way and how many samples it is working
+on (`progress`): a rollout worker progresses with each engine call (one per request with rollout.deterministic,
+one per pass otherwise), a verifier with each pass. Its heartbeat carries that to the coordinator, which hands the
+work of a worker without progress to the others (services/streams/stragglers.py).
 """
 
 from __future__ import annotations
@@ -32,7 +39,30 @@ RETRY_BASE_S, RETRY_CAP_S = 0.1, 30.0  # a failing serving loop waits 0.1, 0.2, 
 LOG_EVERY_S = 60.0  # while it keeps failing, one summary line per minute after the first traceback
 
 
-class RolloutService:
+class Progress:
+    """The pass under way of a serving loop: since when it has made no progress, on how many samples."""
+
+    pass_since: float | None = None  # monotonic time the pass under way took its work; None while waiting for work
+    busy_since = 0.0  # monotonic time of its last progress (it took its work, an engine call ended)
+    busy_samples = 0  # samples it is working on: an engine call's (requests x n), a verifier pass's results
+
+    def progress(self) -> dict:
+        """{"busy_s": seconds without progress in the pass under way, "pass_s": that pass's age (both 0 while
+        waiting for work), "samples": the samples it is working on}."""
+        since, now = self.pass_since, time.monotonic()
+        if since is None:
+            return {"busy_s": 0.0, "pass_s": 0.0, "samples": 0}
+        return {"busy_s": round(now - self.busy_since, 3), "pass_s": round(now - since, 3),
+                "samples": self.busy_samples}
+
+    def _busy(self, samples: int, new_pass: bool = False) -> None:
+        """Progress: a pass took its work (`new_pass`), or its next engine call on `samples` begins."""
+        self.busy_since, self.busy_samples = time.monotonic(), samples
+        if new_pass:
+            self.pass_since = self.busy_since
+
+
+class RolloutService(Progress):
     """Generates the n samples of each request with the engine's current weights.
 
     A request entry holds one request or a chunk of them (`RolloutClient` writes a step's requests as one chunk
@@ -62,6 +92,13 @@ class RolloutService:
         deliveries = self.requests.take(self.entries_per_read, block_ms=block_ms)
         if not deliveries:
             return 0
+        self._busy(sum(r.n for d in deliveries for r in d.records), new_pass=True)
+        try:
+            return self._serve(deliveries)
+        finally:
+            self.pass_since = None
+
+    def _serve(self, deliveries: list) -> int:
         with self.lock:
             version = self.engine.policy_version
             entry_version = {d.id: d.records[0].policy_version for d in deliveries}  # a chunk has one version
@@ -72,12 +109,13 @@ class RolloutService:
                 self.requests.ack(stale)
                 self.counts["stale_requests"] += sum(len(d.records) for d in stale)
             if ahead:
-                self.requests.release(ahead)
+                self.requests.release(ahead, count_delivery=False)
                 self.counts["requests_ahead_of_weights"] += sum(len(d.records) for d in ahead)
             if not ready:
                 return 0
             groups: list[list[RolloutResult]] = []
             for batch in by_sampling([r for d in ready for r in d.records], self.batch_requests):
+                self._busy(sum(r.n for r in batch))  # progress: each engine call starts afresh
                 groups += self._generate(batch, version)
             self.requests.forward(ready, self.results, groups)  # every result of the read with its acks, at once
         produced = sum(len(group) for group in groups)
@@ -101,12 +139,14 @@ class RolloutService:
                 for r, gens in zip(reqs, outputs)]
 
 
-class VerifierService:
-    """Scores each result against its prompt's gold answer with the reward pool."""
+class VerifierService(Progress):
+    """Scores each result against its prompt's gold answer with the reward pool. Its notes name it (`verifier`,
+    "verifier-0@<incarnation>"): a late note of a verifier that froze is counted by it."""
 
-    def __init__(self, pool, answers: Mapping[str, Any], results: WorkQueue, rewards: WorkQueue, batch: int = 512):
+    def __init__(self, pool, answers: Mapping[str, Any], results: WorkQueue, rewards: WorkQueue, batch: int = 512,
+                 verifier: str = ""):
         self.pool, self.answers, self.results, self.rewards = pool, answers, results, rewards
-        self.batch = batch
+        self.batch, self.verifier = batch, f"{verifier}@{INCARNATION}" if verifier else ""
         self.counts: Counter[str] = Counter()
 
     def release_held(self) -> int:
@@ -117,6 +157,13 @@ class VerifierService:
         deliveries = self.results.take(self.batch, block_ms=block_ms)
         if not deliveries:
             return 0
+        self._busy(sum(len(d.records) for d in deliveries), new_pass=True)
+        try:
+            return self._serve(deliveries)
+        finally:
+            self.pass_since = None
+
+    def _serve(self, deliveries: list) -> int:
         known = []
         for d in deliveries:
             if all(r.prompt_id in self.answers for r in d.records):
@@ -137,11 +184,11 @@ class VerifierService:
         self.counts["verified"] += 1
         if outcome is None:
             self.counts["truncated"] += 1
-            return RewardNote.of(result, entry_id, position, TRUNCATED_REWARD, 0.0, False)
+            return RewardNote.of(result, entry_id, position, TRUNCATED_REWARD, 0.0, False, verifier=self.verifier)
         self.counts["timeouts"] += int(outcome.timed_out)
         self.counts["errors"] += int(outcome.error is not None)
         return RewardNote.of(result, entry_id, position, float(outcome.reward), outcome.seconds,
-                             bool(outcome.timed_out), outcome.error is not None)
+                             bool(outcome.timed_out), outcome.error is not None, verifier=self.verifier)
 
 
 def serve_forever(service, stop: threading.Event, name: str, idle_block_ms: int = 200,

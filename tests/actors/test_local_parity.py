@@ -25,9 +25,9 @@ SETTINGS = [f"run.steps={STEPS}", "run.m=8", "run.n=4", "run.eval_every=0", "dat
             "rollout.threads=1", "verifier.processes=1", "rollout.deterministic=true", "control.enabled=false",
             "run.time_budget_s=null", "logging.backends=[jsonl]"]
 # What differs by construction: durations, and what only a fleet has (a stream's drops and dead letters, worker
-# restarts). Nothing else may.
+# restarts, hand-overs from stragglers). Nothing else may.
 TIMINGS = ("_seconds",)
-FLEET_ONLY = ("dropped_", "dead_letters", "worker_reloads")
+FLEET_ONLY = ("dropped_", "dead_letters", "worker_reloads", "handed_over_", "stuck_restarts_")
 
 
 def comparable(record: dict) -> dict:

@@ -62,7 +62,7 @@ def test_a_restarted_rollout_worker_waits_for_the_next_sync_while_the_learner_tr
     fleet = FleetLearner.__new__(FleetLearner)  # no learner group: only the fleet check runs
     fleet.workers, fleet.policy_version, fleet.worker_reloads, fleet.timeout_s = started(3, -1), 3, 0, 30.0
     fleet.sender = SimpleNamespace(reload=lambda worker, version: reloads.append(version))
-    fleet.ahead = True
+    fleet.straggling, fleet.behind, fleet.ahead = set(), set(), True
     fleet.check_fleet()
     assert reloads == [] and fleet.worker_reloads == 0  # the other worker serves version 3 meanwhile
     fleet.ahead = False  # synced: the learner's weights are the fleet's version again

@@ -5,20 +5,22 @@ from __future__ import annotations
 
 import pytest
 
-from pcl.tools.chaos_schedule import (CLOSE_S, KINDS, LEAD_S, MIN_FAULTS, MIN_KINDS, WINDOW_SHARE, Fault, Observation,
-                                      Schedule, check_schedule, draw_schedule, fit_window, format_schedule, phase_of,
-                                      seconds_per_step)
+from pcl.tools.chaos_schedule import (CLOSE_S, HOLD_S, KINDS, LEAD_S, MIN_FAULTS, MIN_KINDS, WINDOW_SHARE, Fault,
+                                      Observation, Schedule, check_schedule, draw_schedule, fit_window,
+                                      format_schedule, phase_of, seconds_per_step)
 
 
 @pytest.mark.parametrize("seed", range(20))
 def test_the_full_schedule_meets_the_rules_for_every_seed(seed):
     schedule = draw_schedule(seed, MIN_FAULTS, window_s=540.0)
     assert check_schedule(schedule, MIN_FAULTS) == []
-    assert len(schedule.kinds) == len(KINDS) >= MIN_KINDS  # 12 faults: every kind, one twice
+    assert len(schedule.kinds) == len(KINDS) >= MIN_KINDS  # 12 faults: every kind once, a freeze on every seed
+    assert "freeze" in schedule.kinds
     gaps = [b.at_s - a.at_s for a, b in zip(schedule.faults, schedule.faults[1:])]
     assert sum(g <= CLOSE_S[1] for g in gaps) >= MIN_FAULTS // 3 - 1  # about a third within seconds of another
     assert all(LEAD_S <= f.at_s <= 540.0 + MIN_FAULTS * CLOSE_S[1] for f in schedule.faults)
-    assert all((f.hold_s > 0) == (f.kind == "redis_full") for f in schedule.faults)
+    assert all((f.hold_s > 0) == (f.kind in HOLD_S) for f in schedule.faults)
+    assert all(HOLD_S[f.kind][0] <= f.hold_s <= HOLD_S[f.kind][1] for f in schedule.faults if f.kind in HOLD_S)
     assert [f.index for f in schedule.faults] == list(range(MIN_FAULTS))
 
 

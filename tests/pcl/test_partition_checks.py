@@ -4,8 +4,8 @@ one thing it checks."""
 from __future__ import annotations
 
 from pcl.config import load_config
-from pcl.tools.partition_checks import (check_incarnations, check_stale_results, expected_instances, overlaps,
-                                        stale_by_node)
+from pcl.tools.partition_checks import (check_freezes, check_incarnations, check_stale_results, expected_instances,
+                                        overlaps, stale_by_node)
 
 
 def incarnation(instance: str, incarnation: str, first_ms: int, last_ms: int, host: str = "h") -> dict:
@@ -16,7 +16,7 @@ def incarnation(instance: str, incarnation: str, first_ms: int, last_ms: int, ho
 def test_the_chaos_runs_instances_are_every_actor_its_config_starts():
     cfg = load_config(["configs/chaos.yaml"], [])
     assert expected_instances(cfg) == {"coordinator", "sampler", "learner-0", "learner-1", "rollout-0", "rollout-1",
-                                       "verifier-0", "scorer-0"}
+                                       "verifier-0", "verifier-1", "scorer-0"}
     uniform = load_config(["configs/chaos.yaml"], ["selection.type=uniform"])
     assert "scorer-0" not in expected_instances(uniform)  # no V: no scorer
 
@@ -75,3 +75,24 @@ def test_stale_results_fail_without_records_unrecorded_or_a_count_that_went_back
     assert unrecorded.ok is False and "steps 2" in unrecorded.detail
     back = check_stale_results([step(1, {"rollout-0@aa": 2}), step(2, {"rollout-0@aa": 1})], [])
     assert back.ok is False and "step 2: the count went back for rollout-0@aa" in back.detail
+
+
+def freeze(index: int, at: float, held: float) -> dict:
+    return {"index": index, "kind": "freeze", "injected_s": at, "ended_s": at + held, "recovered_s": 0.5}
+
+
+def test_a_long_freeze_passes_only_when_the_run_trained_on_while_the_worker_was_stopped():
+    commits = [("commit", t, i) for i, t in enumerate([10.0, 12.0, 31.0, 33.0, 80.0], start=1)]
+    check = check_freezes([freeze(0, 14.0, 30.0), freeze(1, 50.0, 4.0)], commits)  # steps at 31 and 33: 15 s in
+    assert check.ok, check.detail
+    assert "2 freezes: 1 held 20 s or longer with the run training on (2 steps from 15 s in), 1 shorter" in check.detail
+    stalled = check_freezes([freeze(2, 40.0, 35.0)], commits)  # nothing committed from 55 s to 75 s
+    assert stalled.ok is False and "#2 at 40.0 s, held 35.0 s" in stalled.detail
+
+
+def test_a_stalled_freeze_that_another_fault_or_a_restart_overlaps_is_excused_and_nothing_fails():
+    commits = [("commit", 10.0, 1), ("commit", 90.0, 2)]
+    killed = {"index": 1, "kind": "kill_learner", "injected_s": 45.0, "ended_s": 45.0, "recovered_s": 40.0}
+    assert check_freezes([freeze(0, 40.0, 30.0), killed], commits).ok
+    assert check_freezes([freeze(0, 40.0, 30.0)], commits + [("restored", 60.0, 0)]).ok
+    assert check_freezes([], commits).ok is False  # fed nothing: fails

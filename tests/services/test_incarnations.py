@@ -35,9 +35,9 @@ def test_each_beat_is_recorded_in_the_servers_clock_and_an_ended_heartbeat_is_no
     last = beat.beat()
     assert first is not None and last > first
     [entry] = read_incarnations(redis_client, key_prefix)
-    assert entry == {"role": "rollout", "instance": "rollout-1", "node": "node-a", "host": socket.gethostname(),
-                     "pid": os.getpid(), "incarnation": INCARNATION, "first_ms": first, "last_ms": last,
-                     "ended_ms": None}
+    assert entry == {"role": "rollout", "instance": "rollout-1", "node": "node-a", "actor": "",
+                     "host": socket.gethostname(), "pid": os.getpid(), "incarnation": INCARNATION, "first_ms": first,
+                     "last_ms": last, "ended_ms": None, "progress": None}
     assert [e["instance"] for e in live_incarnations(redis_client, key_prefix)] == ["rollout-1"]
     beat.stop()  # never started: a last beat, marked ended
     [entry] = read_incarnations(redis_client, key_prefix)
@@ -91,3 +91,14 @@ def test_a_heartbeat_that_cannot_reach_redis_skips_its_beat_and_never_raises():
     beat = Heartbeat(client, "nowhere", Identity("sampler", "sampler"))
     assert beat.beat() is None and beat.beats == 0
     beat.stop()  # its last beat fails the same way
+
+
+def test_a_serving_workers_beat_carries_its_progress(redis_client, key_prefix):
+    """What the coordinator reads to tell a straggler from a slow healthy pass (services/streams/stragglers.py)."""
+    progress = {"busy_s": 0.0, "samples": 0}
+    beat = Heartbeat(redis_client, key_prefix, Identity("rollout", "rollout-0"), progress=lambda: dict(progress))
+    beat.beat()
+    assert read_incarnations(redis_client, key_prefix)[0]["progress"] == {"busy_s": 0.0, "samples": 0}
+    progress.update(busy_s=12.5, samples=64)  # a pass under way
+    beat.beat()
+    assert read_incarnations(redis_client, key_prefix)[0]["progress"] == {"busy_s": 12.5, "samples": 64}

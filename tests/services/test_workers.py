@@ -62,6 +62,27 @@ def test_rollout_service_serves_its_version_only(redis_client, key_prefix, engin
     assert consumer.take(100, block_ms=50) == []
 
 
+def test_a_request_ahead_of_the_workers_weights_is_handed_back_without_counting_a_delivery(redis_client,
+                                                                                            key_prefix):
+    """A worker left behind by a weight sync (frozen meanwhile) takes the step's requests and hands them back until
+    its weights come: however often, they are never dead-lettered as abandoned, and are served once they come."""
+    requests = open_queue(redis_client, key_prefix, "rollout_requests", "w", visibility_timeout_s=0.4,
+                          max_deliveries=2, block_ms=50)
+    results = open_queue(redis_client, key_prefix, "rollout_results", "w", block_ms=50)
+    engine = Recording()
+    service = RolloutService(engine, requests, results)
+    requests.put([request(key_prefix, 1, "ahead", 1)])
+    for _ in range(400):  # taken (reclaimed) and handed back five times, each reclaim 0.1 s after the last
+        assert service.serve_once(block_ms=50) == 0
+        if service.counts["requests_ahead_of_weights"] >= 5 or requests.dead_letter_count():
+            break
+    assert requests.dead_letter_count() == 0 and service.counts["requests_ahead_of_weights"] >= 5
+    engine.policy_version = 1  # its weights come
+    while not (produced := service.serve_once(block_ms=50)):
+        pass
+    assert produced == 3 and requests.dead_letter_count() == 0
+
+
 class Recording:
     """An engine stand-in that records each generate call (prompts, sampling) and answers one token a sample."""
 
