@@ -135,13 +135,18 @@ try:
     print("placed without the node")
 except PlacementError as exc:
     print("refused:", exc)
-threading.Timer(2.0, lambda: cluster.add_node(num_cpus=1, resources={"learner": 1})).start()
-placement = reserve_placement(cfg, timeout_s=120)
-print("placed:", sorted(placement.groups))
-placement.remove()
-ray.shutdown()
-cluster.shutdown()
+placed = {}
+waiting = threading.Thread(target=lambda: placed.update(groups=reserve_placement(cfg, timeout_s=120)))
+waiting.start()
+time.sleep(2.0)
+print("waiting:", waiting.is_alive())
+cluster.add_node(num_cpus=1, resources={"learner": 1})  # the node joins again
+waiting.join(150)
+print("placed:", sorted(placed["groups"].groups))
+placed["groups"].remove()
 '''
+REJOIN = "try:\n" + "\n".join("    " + line for line in REJOIN.strip().splitlines()) + \
+    "\nfinally:\n    ray.shutdown()\n    cluster.shutdown()\n"
 
 
 @pytest.mark.ray
@@ -152,10 +157,20 @@ def test_a_driver_started_while_a_node_is_away_waits_for_it_to_join_again(tmp_pa
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", REJOIN], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "RAY_ADDRESS": ""}, cwd=Path(__file__).resolve().parents[2])
+    from ray._common.utils import get_ray_address_file
+
+    address_file = Path(get_ray_address_file(None))  # where Ray's test cluster names itself the machine's latest
+    before = address_file.read_text() if address_file.exists() else None
+    try:
+        out = subprocess.run([sys.executable, "-c", REJOIN], capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "RAY_ADDRESS": ""}, cwd=Path(__file__).resolve().parents[2])
+    finally:  # never leave a later ray.init() to find that cluster (gone) instead of starting its own
+        if before is None:
+            address_file.unlink(missing_ok=True)
+        else:
+            address_file.write_text(before)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = out.stdout.splitlines()
     refused = [line for line in lines if line.startswith("refused:")]
     assert refused and "did not place it within 2s" in refused[0] and "out of the cluster" in refused[0], lines
-    assert "placed: ['learner', 'rollout-0', 'value']" in lines, lines
+    assert "waiting: True" in lines and "placed: ['learner', 'rollout-0', 'value']" in lines, lines
