@@ -120,6 +120,12 @@ def _cluster() -> tuple[dict, list[dict]]:
     return ray.cluster_resources(), nodes
 
 
+def _nodes_away() -> int:
+    """Nodes the head declared dead: lost, restarting, or cut off from the head for a while. One may join again (as
+    a new node, with the resources it had); Ray keeps no record of a dead node's resources."""
+    return sum(1 for n in ray.nodes() if not n.get("Alive"))
+
+
 def _refusal(group: RoleGroup, why: str) -> PlacementError:
     total, nodes = _cluster()
     shown = {k: v for k, v in total.items() if not k.startswith(("node:", "memory", "object_store"))}
@@ -142,26 +148,43 @@ def _fits_a_node(group: RoleGroup, nodes: list[dict]) -> bool:
     return all(any(fits(b, node) for node in nodes) for b in group.bundles)
 
 
-def reserve_placement(cfg: Config, timeout_s: float = 120.0) -> Placement:
+def reserve_placement(cfg: Config, timeout_s: float | None = None) -> Placement:
     """Make every placement group of the run and wait until each is placed; refuse (PlacementError, the groups
-    made so far removed) one that no node could hold or that is not placed within timeout_s."""
+    made so far removed) one that no node could hold or that is not placed within timeout_s (default
+    `ray.placement_timeout_s`). A group that no live node has room for while a node is out of the cluster (the head declared it
+    dead: lost, restarting, cut off; Ray does not say which resources a dead node had, so any node away counts)
+    is waited for like one whose resources other groups hold: a driver started or resumed while such a node is away
+    places its actors when the node joins again."""
     from ray.util import placement_group
 
+    timeout_s = cfg.ray.placement_timeout_s if timeout_s is None else timeout_s
     placement = Placement({})
     try:
         _, nodes = _cluster()
+        gone = _nodes_away()
         plan = placement_plan(cfg)
+        away = set()
         for group in plan:
-            if not _fits_a_node(group, nodes):
+            if _fits_a_node(group, nodes):
+                continue
+            if not gone:
                 raise _refusal(group, "no node of the cluster has room for " +
                                ("the whole group" if group.strategy == "STRICT_PACK" else "one of its bundles"))
+            away.add(group.role)
+        if away:
+            log.warning("placement: no live node has room for the %s group(s) and %d node(s) are out of the cluster "
+                        "(lost, restarting or cut off): waiting up to %gs (ray.placement_timeout_s) for one to join "
+                        "again", ", ".join(sorted(away)), gone, timeout_s)
         for group in plan:
             placement.groups[group.role] = placement_group(list(group.bundles), strategy=group.strategy,
                                                            name=f"{cfg.run.name}-{group.role}")
         for group in plan:
             if not placement.groups[group.role].wait(timeout_s):
-                raise _refusal(group, f"the cluster did not place it within {timeout_s:g}s (its free resources "
-                                      f"are held by the other groups or other runs)")
+                why = ("no live node has room for it, and no node out of the cluster (lost, restarting or cut off) "
+                       "joined again with room for it" if group.role in away else
+                       "its free resources are held by the other groups or other runs")
+                raise _refusal(group, f"the cluster did not place it within {timeout_s:g}s "
+                                      f"(ray.placement_timeout_s; {why})")
     except BaseException:
         placement.remove()
         raise
@@ -192,7 +215,7 @@ def _answers(refs: list, wait_s: float) -> list[bool]:
     return out
 
 
-def start_fleet(cfg: Config, prep, redis_url: str, placement_timeout_s: float = 120.0,
+def start_fleet(cfg: Config, prep, redis_url: str, placement_timeout_s: float | None = None,
                 kept: Fleet | None = None) -> Fleet:
     """Reserve the run's placement groups, start every actor in them and wait until each answers. With `kept`
     (`Fleet.salvage`), its placement groups and live actors are used and only the missing ones started."""

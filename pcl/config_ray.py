@@ -28,6 +28,10 @@ class RayConfig(Section):
     gcs_reconnect_timeout_s: int = Field(60, ge=1, description="Seconds a node's raylet and workers keep trying "
                                          "to reach a head (its GCS) that is gone before they exit (Ray's "
                                          "gcs_rpc_server_reconnect_timeout_s).")
+    placement_timeout_s: float = Field(300.0, gt=0, description="Seconds a starting (or resumed) driver waits for "
+                                       "its placement groups before the run is refused: for resources other runs "
+                                       "hold, and for a node with room for a group that is out of the cluster "
+                                       "now (lost, restarting, cut off from the head). Not a setting of Ray's.")
 
     def node_death_s(self) -> tuple[float, float]:
         """About the least and the most seconds from a node's loss to the head declaring it dead. The head checks

@@ -35,6 +35,11 @@ LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 # 40 at once) and the driver's own reads: a fixed number all run long, whatever the load (a request waits for one
 # while all are in use; each holds one for a millisecond or so).
 CONTROL_REDIS_CONNECTIONS = 8
+# How long one of its Redis commands waits for an answer (redis-py's socket timeout; each command is tried up to
+# 3 times): a Redis that accepts connections and answers nothing (its process frozen, its node cut off, a proxy in
+# front of a Redis that is down) is met with the last good reading within seconds (services/control/outage.py).
+# Its commands are small (a history page: about 1 MiB) and none blocks.
+CONTROL_REDIS_TIMEOUT_S = 2.0
 
 
 def resolve_token(configured: str | None) -> tuple[str, bool]:
@@ -91,7 +96,8 @@ def control_client(redis_url: str):
     from services.control.outage import REDIS_WAIT_S
     from services.redis_server import bounded_client
 
-    return bounded_client(redis_url, "control", CONTROL_REDIS_CONNECTIONS, REDIS_WAIT_S, decode_responses=True)
+    return bounded_client(redis_url, "control", CONTROL_REDIS_CONNECTIONS, REDIS_WAIT_S, decode_responses=True,
+                          socket_timeout=CONTROL_REDIS_TIMEOUT_S)
 
 
 class ControlServer:

@@ -67,7 +67,9 @@ def test_redis_persists_and_reports_health(compose):
 def test_every_ray_node_takes_the_run_configs_ray_timeouts_from_its_environment(compose):
     """A cluster's Ray reads its health checks and head timeout from each node's environment at `ray start`: every
     Ray node of the compose file has the `ray` section's defaults there (docs/operations.md, "Timeouts on a
-    cluster")."""
+    cluster"), and the bounds on Ray's own growth that `pcl train` gives a local Ray (docs/operations.md, "Long
+    runs": GCS task events, log rotation)."""
+    from actors.runtime import RAY_LIMITS
     from pcl.config_ray import RayConfig
 
     nodes = {name: s for name, s in compose["services"].items() if s.get("entrypoint") == ["ray"]}
@@ -75,6 +77,7 @@ def test_every_ray_node_takes_the_run_configs_ray_timeouts_from_its_environment(
     for name, service in nodes.items():
         env = {k: str(v) for k, v in service["environment"].items()}
         assert RayConfig().ray_start_env().items() <= env.items(), name
+        assert RAY_LIMITS.items() <= env.items(), name  # Ray's own growth bounded as `pcl train` bounds a local Ray
 
 
 def test_heads_keep_rays_state_in_a_redis_of_their_own(compose):
@@ -243,7 +246,9 @@ def test_raycluster_keeps_its_gcs_state_in_a_redis_of_its_own(manifests):
 def test_every_raycluster_node_takes_the_run_configs_health_checks_from_its_environment(manifests):
     """As on compose: the head's GCS runs the health checks that declare a node dead, so the RayCluster's nodes
     carry the `ray` section's health-check defaults in their environment (docs/operations.md, "Timeouts on a
-    cluster"); the head reconnect timeout is KubeRay's own 600 s with GCS fault tolerance (the test above)."""
+    cluster"); the head reconnect timeout is KubeRay's own 600 s with GCS fault tolerance (the test above). And the
+    bounds on Ray's own growth, as on compose."""
+    from actors.runtime import RAY_LIMITS
     from pcl.config_ray import RayConfig
 
     wanted = {k: v for k, v in RayConfig().ray_start_env().items() if k.startswith("RAY_health_check")}
@@ -252,6 +257,7 @@ def test_every_raycluster_node_takes_the_run_configs_health_checks_from_its_envi
     for name, group in groups.items():
         env = {e["name"]: e.get("value") for e in group["template"]["spec"]["containers"][0]["env"]}
         assert wanted.items() <= env.items(), (name, sorted(env))
+        assert RAY_LIMITS.items() <= env.items(), (name, sorted(env))  # Ray's own growth bounded (Long runs)
 
 
 def test_crd_validator_rejects_unknown_fields_and_wrong_types(manifests):

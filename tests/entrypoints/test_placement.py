@@ -3,6 +3,9 @@ before any actor starts; a placement the cluster cannot hold is refused naming t
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from pcl.config import load_config
@@ -108,3 +111,66 @@ def test_a_placement_not_placed_in_time_is_refused_and_its_groups_removed(ray_se
         reserve_placement(cfg, timeout_s=2)
     table = ray.util.placement_group_table()
     assert all(table[pg]["state"] == "REMOVED" for pg in set(table) - before)
+
+
+REJOIN = r'''
+import sys, threading, time
+import ray
+from ray.cluster_utils import Cluster
+from pcl.config import load_config
+from entrypoints.fleet import PlacementError, reserve_placement
+
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+node = cluster.add_node(num_cpus=1, resources={"learner": 1})
+ray.init(address=cluster.address)
+cluster.wait_for_nodes()
+cluster.remove_node(node)  # the learner node leaves: the head declares it dead
+deadline = time.monotonic() + 60
+while any(n["Alive"] and n["Resources"].get("learner") for n in ray.nodes()):
+    assert time.monotonic() < deadline, "the removed node stayed alive"
+    time.sleep(0.2)
+cfg = load_config("configs/tiny.yaml", ["learner.num_ranks=1", "learner.resources={learner: 1}", "run.name=rejoin"])
+try:
+    reserve_placement(cfg, timeout_s=2)
+    print("placed without the node")
+except PlacementError as exc:
+    print("refused:", exc)
+placed = {}
+waiting = threading.Thread(target=lambda: placed.update(groups=reserve_placement(cfg, timeout_s=120)))
+waiting.start()
+time.sleep(2.0)
+print("waiting:", waiting.is_alive())
+cluster.add_node(num_cpus=1, resources={"learner": 1})  # the node joins again
+waiting.join(150)
+print("placed:", sorted(placed["groups"].groups))
+placed["groups"].remove()
+'''
+REJOIN = "try:\n" + "\n".join("    " + line for line in REJOIN.strip().splitlines()) + \
+    "\nfinally:\n    ray.shutdown()\n    cluster.shutdown()\n"
+
+
+@pytest.mark.ray
+def test_a_driver_started_while_a_node_is_away_waits_for_it_to_join_again(tmp_path):
+    """A driver resumed while the node with the learner's resource is out of the cluster (declared dead: cut off,
+    restarting) waits for it: refused only once `ray.placement_timeout_s` has passed, with the reason, and placed
+    when the node joins. Its own Ray cluster (a head and a node), in a process of its own."""
+    import subprocess
+    import sys
+
+    from ray._common.utils import get_ray_address_file
+
+    address_file = Path(get_ray_address_file(None))  # where Ray's test cluster names itself the machine's latest
+    before = address_file.read_text() if address_file.exists() else None
+    try:
+        out = subprocess.run([sys.executable, "-c", REJOIN], capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "RAY_ADDRESS": ""}, cwd=Path(__file__).resolve().parents[2])
+    finally:  # never leave a later ray.init() to find that cluster (gone) instead of starting its own
+        if before is None:
+            address_file.unlink(missing_ok=True)
+        else:
+            address_file.write_text(before)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    refused = [line for line in lines if line.startswith("refused:")]
+    assert refused and "did not place it within 2s" in refused[0] and "out of the cluster" in refused[0], lines
+    assert "waiting: True" in lines and "placed: ['learner', 'rollout-0', 'value']" in lines, lines

@@ -162,3 +162,39 @@ def test_readings_keep_the_last_good_answer_of_each_query():
         readings.read("b", down)
     with pytest.raises(redis.ResponseError):  # Redis answered: the request's own error, never a stale answer
         readings.read("a", lambda: (_ for _ in ()).throw(redis.ResponseError("bad id")))
+
+
+def test_a_redis_that_stops_answering_is_met_with_the_last_good_reading_within_seconds(embedded_redis, tmp_path):
+    """A Redis that holds its connections open and answers nothing (its process frozen, its node cut off from the
+    network, a proxy in front of a Redis that is down): the kernel still accepts, so only a socket timeout ends the
+    wait. The control plane, as `pcl train` starts it, answers a status read from its last good reading within
+    CONTROL_REDIS_TIMEOUT_S and its retries, not after Redis' client default of 30 s a try."""
+    import os
+    import signal
+
+    from pcl.config import load_config
+    from services.control.server import CONTROL_REDIS_TIMEOUT_S, DriverControl
+
+    cfg = load_config(None, ["run.name=frozen", "control.port=0", f"control.token={TOKEN}"])
+    plane = DriverControl(cfg, embedded_redis.url, tmp_path, k_max=8, fresh=True)
+    pid = embedded_redis.pid
+    try:
+        plane.store.add_history(step_record(1))
+        with httpx.Client(base_url=plane.server.url, timeout=60, headers=AUTH) as api:
+            assert api.get("/v1/status").status_code == 200  # the reading to fall back on
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                status = api.get("/v1/status")
+                took = time.monotonic() - started
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert status.status_code == 200 and "Redis unreachable" in status.json()["stale"]["reason"], status.text
+            assert took < 3 * CONTROL_REDIS_TIMEOUT_S + 2, took
+            deadline = time.monotonic() + 30
+            while api.get("/v1/status").json()["stale"] is not None:  # fresh again once Redis answers
+                assert time.monotonic() < deadline, "the control plane stayed stale after Redis answered again"
+                time.sleep(0.1)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        plane.close()
