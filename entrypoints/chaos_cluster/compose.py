@@ -40,7 +40,7 @@ def sh(*args: str, timeout: float = 120, check: bool = True, env: dict | None = 
 
 class ChaosCluster:
     def __init__(self, out: Path, project: str | None = None):
-        self.out = out
+        self.out = out = Path(out).resolve()  # compose reads a relative bind-mount source as a volume's name
         self.runs, self.chaos = out / "runs", out / "chaos"
         for d in (self.runs, self.chaos):
             d.mkdir(parents=True, exist_ok=True)
