@@ -56,7 +56,22 @@ def beat_with(client, run: str, role: str, instance: str, progress=None):
     if ray.is_initialized():
         context = ray.get_runtime_context()
         node, actor = context.get_node_id(), context.get_actor_id() or ""
-    return Heartbeat(client, run, Identity(role, instance, node, actor), progress=progress).start()
+    return Heartbeat(client, run, Identity(role, instance, node, actor), progress=progress,
+                     on_fenced=end_superseded_process if actor else None).start()
+
+
+FENCED_EXIT = 75  # the exit status of an actor process a newer process of its instance superseded
+
+
+def end_superseded_process() -> None:
+    """A newer process of this actor's instance has registered: this one was frozen or cut off from the head, and
+    Ray started the actor again elsewhere. It must not act as that actor any more (write results, acknowledge
+    entries, train): it exits at once; what it held is reclaimed from the work streams by the others."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    os._exit(FENCED_EXIT)
 
 
 def serving_heartbeat(service, name: str):

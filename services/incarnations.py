@@ -5,13 +5,17 @@ rollout workers, the verifiers) beats a heartbeat from a thread of its own, nami
 instance ("rollout-1": which of the role's actors it is, the same across its restarts), its incarnation (a fresh
 id for each process start: `INCARNATION`) and where it runs (Ray node id, host name, process id). Actors are not
 Ray-named, so nothing else stops two processes from acting as one instance at once: a node cut off from the head,
-its actors started again elsewhere while the old ones still run. The registry shows it: each incarnation's first
+its actors started again elsewhere while the old ones still run. The registry fences them: the newest incarnation
+of each instance is the only one whose beats are written, and an older one that beats again (thawed, reconnected)
+is told so and ends itself (an actor's process exits), so the old and the new are never alive together. The
+registry shows it: each incarnation's first
 and last beat in the Redis server's clock (one clock for every node), and two incarnations of one instance whose
 beats overlap in time were alive together (`pcl.tools.partition_checks.check_incarnations`).
 
     beat = Heartbeat(client, run, Identity("rollout", "rollout-1", node=node_id)).start()   # every BEAT_S
     beat = Heartbeat(client, run, identity, progress=service.progress).start()  # a worker's progress on each beat
     beat.stop()                                   # the actor ends: a last beat, marked ended
+    beat.fenced.is_set()                          # a newer process of its instance registered: it beats no more
     read_incarnations(client, run)                # every incarnation the run had, first beat first
     live_incarnations(client, run)                # those that beat within LIVE_S and did not end
 
@@ -46,8 +50,17 @@ INCARNATION = uuid.uuid4().hex[:12]  # this process's incarnation: a fresh id ea
 BEAT_S = 1.0  # seconds between beats
 LIVE_S = 5.0  # an incarnation whose last beat is older than this (and did not end) is not live
 
+FENCED = -1  # the beat script's answer to a process a newer one of its instance has superseded
+
 # One beat, in the server's clock (TIME): the identity and the first beat written once, the last beat every time.
+# Fenced: each instance's newest incarnation is kept (KEYS[2]); a process whose instance has registered a newer one
+# since its own first beat (it was frozen or cut off, and started again elsewhere) writes nothing and is told so.
 _BEAT = """
+local current = redis.call('HGET', KEYS[2], ARGV[5])
+if current and current ~= ARGV[6] and redis.call('HEXISTS', KEYS[1], ARGV[1] .. '|first') == 1 then
+  return -1
+end
+redis.call('HSET', KEYS[2], ARGV[5], ARGV[6])
 local t = redis.call('TIME')
 local ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('HSETNX', KEYS[1], ARGV[1] .. '|info', ARGV[2])
@@ -61,6 +74,11 @@ return ms
 
 def registry_key(run: str) -> str:
     return f"pcl:{run}:incarnations"
+
+
+def current_key(run: str) -> str:
+    """instance -> its newest incarnation (the one allowed to beat)."""
+    return f"pcl:{run}:incarnations:current"
 
 
 @dataclass(frozen=True)
@@ -92,10 +110,14 @@ class Heartbeat:
     """An actor process's heartbeat in its run's registry, beaten every `every_s` from a daemon thread."""
 
     def __init__(self, client: redis.Redis, run: str, identity: Identity, every_s: float = BEAT_S,
-                 progress: Callable[[], dict] | None = None):
-        """progress(): a serving worker's progress, written with each beat ({"busy_s", "samples"})."""
+                 progress: Callable[[], dict] | None = None, on_fenced: Callable[[], None] | None = None):
+        """progress(): a serving worker's progress, written with each beat ({"busy_s", "samples"}). on_fenced():
+        called once, from the beating thread, when a newer process of this instance has registered (this one was
+        frozen or cut off and started again elsewhere): it beats no more (`fenced` is set); an actor ends itself
+        (`actors.runtime.beat_with`)."""
         self.client, self.run, self.identity, self.every_s = client, run, identity, every_s
-        self.progress = progress
+        self.progress, self.on_fenced = progress, on_fenced
+        self.fenced = threading.Event()
         self.key = registry_key(run)
         self.info = json.dumps(asdict(self.identity), sort_keys=True)
         self.script = client.register_script(_BEAT)
@@ -105,11 +127,24 @@ class Heartbeat:
 
     def beat(self, ended: bool = False) -> int | None:
         """Write one beat; returns the server's time of it in ms, or None when it could not be written."""
+        if self.fenced.is_set():
+            return None
         progress = json.dumps(self.progress()) if self.progress is not None else ""
+        ident = self.identity
         try:
-            ms = int(self.script(keys=[self.key], args=[self.identity.field_prefix, self.info, int(ended), progress]))
+            ms = int(self.script(keys=[self.key, current_key(self.run)],
+                                 args=[ident.field_prefix, self.info, int(ended), progress, ident.instance,
+                                       ident.incarnation]))
         except (redis.RedisError, OSError) as exc:  # restarting, unreachable or full: the next beat tries again
-            log.debug("heartbeat of %s not written: %r", self.identity.instance, exc)
+            log.debug("heartbeat of %s not written: %r", ident.instance, exc)
+            return None
+        if ms == FENCED:
+            self.fenced.set()
+            self.stopped.set()
+            log.error("%s: a newer process of this instance has registered (this one was frozen or cut off and was "
+                      "started again elsewhere): incarnation %s stops", ident.instance, ident.incarnation)
+            if self.on_fenced is not None:
+                self.on_fenced()
             return None
         self.beats += 1
         return ms
@@ -160,4 +195,4 @@ def live_incarnations(client: redis.Redis, run: str, live_s: float = LIVE_S) -> 
 
 def clear_incarnations(client: redis.Redis, run: str) -> None:
     """Forget the run's incarnations (a fresh run of that name)."""
-    client.delete(registry_key(run))
+    client.delete(registry_key(run), current_key(run))
