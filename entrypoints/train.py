@@ -227,9 +227,13 @@ def open_run_redis(cfg: Config, run_dir: Path):
     return redis
 
 
-def steps_logged(run_dir: Path) -> int:
+def logged_records(run_dir: Path) -> list[dict]:
     """Step records already in RUN_DIR/metrics.jsonl (a restored run's, before it goes on)."""
-    return len(read_metrics(run_dir / METRICS_FILE)) if (run_dir / METRICS_FILE).exists() else 0
+    return read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).exists() else []
+
+
+def steps_logged(run_dir: Path) -> int:
+    return len(logged_records(run_dir))
 
 
 def control_snapshot(checkpoint: Path | None) -> dict | None:
@@ -370,6 +374,7 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
                     print(f"pcl: restart {restarts} kept {len(survivors)} actors, started again: "
                           f"{', '.join(started_again[-1])}", flush=True)
                 start_from(cfg, prep.run_dir, fleet, checkpoint)
+                trackers.catch_up(logged_records(prep.run_dir))  # a record the last driver wrote and never sent
                 print(f"pcl: actors up in {time.perf_counter() - started:.1f}s; {training_plan(cfg)}", flush=True)
                 events.end(starting)
                 starting = None

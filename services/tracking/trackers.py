@@ -135,6 +135,12 @@ class Trackers:
         self.save()
         return True
 
+    def catch_up(self, records) -> int:
+        """Send the step records the trackers never got: metrics.jsonl's records after the last step sent (a driver
+        stopped between writing a record and sending it, then resumed past it from a checkpoint). Returns how many
+        were sent."""
+        return sum(self.commit(record) for record in records)
+
     def event(self, step: int | None, kind: str, data: dict) -> None:
         """A control-plane change (tau / k retuned, pause, resume) as an annotation at the step it took effect."""
         text = f"{kind} " + " ".join(f"{k}={v}" for k, v in sorted(data.items()))

@@ -232,3 +232,28 @@ def test_a_tracker_that_cannot_start_is_a_configuration_error(tmp_path):
                              f"logging.mlflow_tracking_uri=sqlite:///{tmp_path}/taken/mlflow.db"])
     with pytest.raises(ConfigError, match="logging.backends: mlflow could not start its run"):
         Trackers.open(cfg, tmp_path)
+
+
+def test_records_written_but_never_sent_are_sent_when_the_run_goes_on(tmp_path):
+    """The driver wrote steps 4 and 5 to metrics.jsonl, a checkpoint took them, and the driver was killed before it
+    sent them to the trackers: the resumed driver sends them before it goes on (each once), as `pcl train` does
+    at every start (`entrypoints.train.logged_records`). Before, the resumed run went on from step 6 and the
+    trackers never had 4 and 5."""
+    from entrypoints.train import logged_records
+    from pcl.loop.runlog import MetricsLog
+
+    cfg = load_config(TINY, ["logging.backends=[tensorboard]", "run.name=trk"])
+    first = Trackers.open(cfg, tmp_path)
+    log = MetricsLog(tmp_path)
+    for record in RECORDS[:4]:
+        log.append(record)
+        assert first.commit(record)
+    log.append(RECORDS[4])
+    log.append(RECORDS[5])  # written, then the driver was killed
+    first.close()
+    resumed = Trackers.open(cfg, tmp_path, resume=True)
+    assert resumed.catch_up(logged_records(tmp_path)) == 2 and resumed.last_step == 5
+    assert resumed.catch_up(logged_records(tmp_path)) == 0  # each once
+    resumed.close()
+    stored = values(read.tensorboard_scalars(tmp_path / "tensorboard"))
+    assert sorted(stored["pcl/effective_ratio"]) == [1, 2, 3, 4, 5]  # step 0 is an evaluation
