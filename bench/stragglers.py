@@ -7,7 +7,9 @@ one of its two verifiers, is stopped (SIGSTOP) for a while, against its healthy 
 `pcl train CONFIG` runs as a child process (local Ray, the embedded Redis, 2 rollout workers, 2 verifiers, the
 control plane off), with the product's default visibility timeout (`redis.visibility_timeout_s=30`; the chaos
 config's 3 s, meant for a quiet machine, has a loaded one's healthy passes reclaimed and done twice, and would move
-a frozen worker's entries before its straggler timeout does). Once it has trained a few steps, the healthy step rate is measured over `--healthy-steps`
+a frozen worker's entries before its straggler timeout does) and stuck timeouts (300 s, 120 s: the chaos config's
+25 s restarts the frozen worker within the hold, which then also costs a model load; pass
+`rollout.stuck_timeout_s=25 verifier.stuck_timeout_s=25` to measure that). Once it has trained a few steps, the healthy step rate is measured over `--healthy-steps`
 steps; then one rollout worker's process (found by its Ray title, `ray::RolloutWorker`) is stopped with SIGSTOP,
 held `--hold` seconds (by default max(60 s, as long as the healthy steps took), so that the hold spans that many
 healthy steps on a loaded machine too) and continued with SIGCONT; after a settling time (3 healthy steps) the same
@@ -36,8 +38,11 @@ from bench import ROOT, add_json_option, run, write_figures
 CONFIG = ROOT / "configs" / "chaos.yaml"
 GOAL = 0.40  # the frozen phase keeps at least this share of the healthy step rate
 WARM_STEPS = 5  # steps trained before the healthy rate is measured (first calls, the first checkpoint)
+# The bench ends the run; the command line may override these. The product's defaults for what decides a worker is
+# lost (configs/chaos.yaml shortens them so that its runs restart frozen workers): the visibility timeout, and the
+# stuck timeouts, above the hold, so that the frozen phase measures the hand-over alone.
 RUN_OVERRIDES = ("run.steps=100000", "control.enabled=false", "logging.backends=[console,jsonl]",
-                 "redis.visibility_timeout_s=30")  # the bench ends the run; the command line may override these
+                 "redis.visibility_timeout_s=30", "rollout.stuck_timeout_s=300", "verifier.stuck_timeout_s=120")
 COUNTERS = ("handed_over_by_worker", "stuck_restarts_by_worker", "dropped_stale_by_producer",
             "dropped_late_by_verifier", "dropped_duplicates", "dead_letters")
 
