@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from bench import ROOT, add_json_option, run, write_figures
+from pcl.loop.runlog import MetricsTail
 
 CONFIG = ROOT / "configs" / "chaos.yaml"
 GOAL = 0.40  # the frozen phase keeps at least this share of the healthy step rate
@@ -57,16 +58,14 @@ class Run:
         self.log = open(run_dir.parent / "driver.log", "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(command, cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
+        self.tail = MetricsTail(run_dir / "metrics.jsonl")
         self.commits: list[tuple[float, int]] = []  # (monotonic time seen, step)
         self.last: dict = {}
 
     def poll(self) -> None:
         """Record the step records written since the last look."""
-        path = self.run_dir / "metrics.jsonl"
-        lines = path.read_text().splitlines() if path.is_file() else []
         now = time.monotonic()
-        for line in lines:
-            record = json.loads(line)
+        for record in self.tail.new():  # complete lines only: the run may be writing the last one
             if record.get("effective_ratio") is not None and record["step"] > (self.commits[-1][1] if self.commits
                                                                                  else 0):
                 self.commits.append((now, int(record["step"])))
