@@ -23,7 +23,6 @@ on what else runs on the machine.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
