@@ -60,7 +60,7 @@ def test_a_short_chaos_run_keeps_every_invariant(tiny_model, tmp_path):
     assert {f["kind"] for f in report["faults"] if f["injected_s"] is not None} == {
         "malformed", "redis_full", "kill_rollout", "weight_sync"}
     assert {c["name"] for c in report["checks"]} == {"processes", "steps", "batches", "versions", "trackers", "streams",
-                                                     "control", "weights"}
+                                                     "incarnations", "stale results", "control", "weights"}
     assert "result: PASS" in done.stdout
 
 
