@@ -58,22 +58,24 @@ def throughput_back(fault: dict, commits: list[float], faults: list[dict]) -> di
     if fault.get("injected_s") is None or fault.get("ended_s") is None:
         return fault
     rate = pre_fault_rate(commits, fault["injected_s"])
-    healed = fault["all_healed_s"] = all_healed(fault, faults)
+    join_s = WINDOW_STEPS / rate if rate else 0.0  # a gap to the next fault too short for 4 steps at the old pace
+    healed = fault["all_healed_s"] = all_healed(fault, faults, join_s)
     if rate is not None:
         fault["pre_rate"] = round(rate, 3)
         fault["back_s"] = back_after_s(commits, healed, rate, next_injection(healed, faults))
     return fault
 
 
-def all_healed(fault: dict, faults: list[dict]) -> float:
-    """When `fault` and every fault overlapping it (injected before the last of them healed, in a chain) had healed:
-    the run's throughput is judged after the partition, not while the next overlapping fault still holds."""
+def all_healed(fault: dict, faults: list[dict], join_s: float = 0.0) -> float:
+    """When `fault` and every fault overlapping it (injected before the last of them healed, or within `join_s`
+    after: too soon for the throughput to show, in a chain) had healed: the run's throughput is judged after the
+    partition, not while the next overlapping fault still holds."""
     healed, moved = fault["ended_s"], True
     while moved:
         moved = False
         for f in faults:
-            if f.get("injected_s") is not None and f.get("ended_s") is not None and f["injected_s"] <= healed < \
-                    f["ended_s"]:
+            if f.get("injected_s") is not None and f.get("ended_s") is not None and \
+                    f["injected_s"] <= healed + join_s and healed < f["ended_s"]:
                 healed, moved = f["ended_s"], True
     return healed
 

@@ -111,3 +111,20 @@ def test_throughput_is_judged_once_every_overlapping_fault_has_healed():
     assert cut["all_healed_s"] == 597.1 and cut["pre_rate"] == pytest.approx(1.0)
     assert cut["back_s"] == pytest.approx(601.0 - 597.1, abs=0.01)  # 4 steps after the heal: 598 .. 601, at 1/s
     assert check_throughput([cut]).ok is True
+
+
+def test_a_fault_injected_before_its_predecessors_throughput_could_show_joins_the_chain():
+    # Seed 1 (2026-11-28): a short cut from Redis healed at 70.7 s and the driver was killed 0.5 s later (the
+    # schedule had it overlap the cut, 3.6 s after its injection): judged alone, the cut had 0.5 s to show 4 steps
+    # and counted as "never back". A window shorter than 4 steps at the pre-fault rate cannot show it: the
+    # next fault joins the chain and the cut is judged once both have healed.
+    faults = [{"index": 1, "kind": "cut_redis", "target": "rollout", "injected_s": 67.3, "ended_s": 70.7},
+              {"index": 2, "kind": "driver_kill", "target": "driver", "injected_s": 71.2, "ended_s": 75.9},
+              {"index": 3, "kind": "driver_kill", "target": "driver", "injected_s": 109.7, "ended_s": 114.2}]
+    commits = [50.0 + t / 3 for t in range(60)] + [106.0 + t / 3 for t in range(10)]  # 3 steps a second
+    cut = throughput_back(faults[0], commits, faults)
+    assert cut["all_healed_s"] == 75.9 and cut["back_s"] is not None and cut["back_s"] < 120
+    assert check_throughput([cut]).ok is True
+    # a fault far enough after the heal is judged alone: rate back in the gap, or never
+    spaced = throughput_back(faults[1], commits, faults)
+    assert spaced["all_healed_s"] == 75.9
