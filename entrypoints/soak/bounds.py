@@ -32,13 +32,27 @@ def named_bounds(cfg: Config) -> dict[str, str]:
                                  f"{AOF_REWRITE_PERCENTAGE}% since its last rewrite (services/redis_server.py)"),
         "redis/redis.log": "a few lines a start and an AOF rewrite",
         "ray:logs/": rotation,
-        "ray:session/": f"its logs ({rotation}); old session folders are never removed by Ray",
+        "ray:session/": "sockets and runtime resources, set up as Ray starts (its logs: logs/ above); old session "
+                        "folders are never removed by Ray",
     }
 
 
+def ray_rotation() -> tuple[int, int]:
+    """(RAY_ROTATION_MAX_BYTES, RAY_ROTATION_BACKUP_COUNT) a local Ray started by `pcl train` runs with: the
+    environment's, else RAY_LIMITS' (actors/runtime.py sets them where they are not set)."""
+    import os
+
+    from actors.runtime import RAY_LIMITS
+
+    return tuple(int(os.environ.get(key, RAY_LIMITS[key])) for key in ("RAY_ROTATION_MAX_BYTES",
+                                                                          "RAY_ROTATION_BACKUP_COUNT"))
+
+
 def facts_of(cfg: Config) -> Facts:
-    """The report's facts of a run config: m, n, the checkpoint settings, the control state's caps, the bounds."""
+    """The report's facts of a run config: m, n, the checkpoint settings, the control state's caps, the bounds,
+    Ray's log rotation."""
     from services.control.state import EVENTS_MAXLEN, HISTORY_MAXLEN
 
+    max_bytes, backups = ray_rotation()
     return Facts(cfg.run.m, cfg.run.n, cfg.checkpoint.every, cfg.checkpoint.keep, HISTORY_MAXLEN, EVENTS_MAXLEN,
-                 named_bounds(cfg))
+                 named_bounds(cfg), ray_rotation_bytes=max_bytes, ray_rotation_backups=backups)

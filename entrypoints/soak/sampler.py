@@ -132,16 +132,17 @@ def ray_session_dir(gcs_title: str) -> Path | None:
 
 
 def session_files(session: Path) -> dict[str, int]:
-    """A Ray session directory: its total, its logs/ folder's total, and each log file (bytes)."""
+    """A Ray session directory: its total, its logs/ folder's total, and each log file (bytes) by its path under
+    logs/, those of its folders included (old/: Ray's log monitor moves a dead worker's .out and .err there)."""
     out = {"session/": tree_size(session), "logs/": tree_size(session / "logs")}
     logs = session / "logs"
-    if logs.is_dir():
-        for item in logs.iterdir():
-            if item.is_file():
-                try:
-                    out[f"logs/{item.name}"] = item.stat().st_size
-                except OSError:
-                    continue
+    for root, _, files in os.walk(logs):
+        for name in files:
+            path = Path(root, name)
+            try:
+                out[f"logs/{path.relative_to(logs).as_posix()}"] = path.lstat().st_size
+            except OSError:
+                continue
     return out
 
 

@@ -17,8 +17,9 @@ The goals (GOALS below; docs/operations.md, "Long runs"):
   it) and the event log under its cap; each named client's connections no more late in the run than early;
 - files: only the per-step records grow with steps (metrics, selections, tracker events, the driver's output, and
   the checkpoints' copies of metrics and selections), at a stated number of bytes per step; everything else
-  bounded (the number of checkpoints by checkpoint.keep, the AOF by its rewrite, Ray's logs by rotation), judged
-  no higher late in the run than early;
+  bounded (the number of checkpoints by checkpoint.keep, the AOF by its rewrite), judged no higher late in the run
+  than early; Ray's logs by what rotation bounds (pcl/tools/soak_logs.py: as many logs late as early, no file over
+  the rotation size, no more backups than kept), the rest of Ray's session no higher late than early;
 - the control plane's largest answers (a full /v1/history page, /metrics) under a size and a median latency.
 
 Each growth is judged by its interval (`pcl.tools.soak_fit.Fit.judge`): `flat` when even the top of the interval
@@ -34,6 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pcl.tools.soak_fit import fit_slope
+from pcl.tools.soak_logs import file_in_rotation, logs_row
 
 HOURS = 72.0  # the run projected to: the paper's longest (3 days on DeepScaleR)
 PRESET_STEPS = 300  # the presets' step count, trained in 2-3 days
@@ -48,6 +50,7 @@ BOUNDED_SLACK = (1.10, 1 << 20)  # late max <= early max x 1.10 + 1 MiB (files)
 STREAM_STEPS = 2  # a work stream holds at most this many steps' entries (m x n each)
 WARMUP_S, WARMUP_SHARE = 300.0, 1 / 3  # warm-up: the larger of these, and past the first checkpoint
 RESOURCES = ("rss", "threads", "fds")
+FAILING = ("grows", "over bound", "missing")  # a verdict that fails the soak ("missing": nothing seen to judge)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,8 @@ class Facts:
     history_cap: int
     events_cap: int
     bounds: dict  # file or folder -> the setting that bounds it, as a sentence
+    ray_rotation_bytes: int | None = None  # RAY_ROTATION_MAX_BYTES the run's Ray started with (None: unknown)
+    ray_rotation_backups: int | None = None  # RAY_ROTATION_BACKUP_COUNT
 
 
 def warmup_end(samples: list[dict], keep: int, warmup_s: float | None = None) -> float:
@@ -96,7 +101,7 @@ def growth(ts: list[float], steps: list[float], ys: list[float], goal: float | N
 
 
 def worst(verdicts: list[str]) -> str:
-    order = ("grows", "over bound", "unresolved", "flat", "bounded", "stated")
+    order = ("missing", "grows", "over bound", "unresolved", "flat", "bounded", "stated")
     return min(verdicts, key=order.index)
 
 
@@ -198,8 +203,11 @@ def file_rows(window: list[dict], facts: Facts, key: str) -> dict[str, dict]:
         if key == "files" and name in PER_STEP_FILES:
             row = growth(ts, steps, ys, None)
             row["kind"] = "per step"
-        elif key == "ray" and name.startswith("logs/") and name != "logs/" and max(ys) < (1 << 20):
-            continue  # a small log: counted in logs/ and session/
+        elif key == "ray" and name.startswith("logs/") and name != "logs/":
+            if max(ys) < (1 << 20):
+                continue  # a small log: counted in logs/
+            row = bounded(ys)  # a large one: under the rotation size
+            row.update(kind="bounded", verdict=file_in_rotation(ys, facts.ray_rotation_bytes))
         elif name == "checkpoints/#":  # complete checkpoints: checkpoint.keep, a new one before the oldest goes,
             row = bounded(ys)           # and the best
             row.update(kind="bounded", verdict="bounded" if max(ys) <= facts.checkpoint_keep + 2 else "over bound")
@@ -210,6 +218,25 @@ def file_rows(window: list[dict], facts: Facts, key: str) -> dict[str, dict]:
         row["bound"] = facts.bounds.get(name if key == "files" else f"ray:{name}")
         out[name] = row
     return out
+
+
+def ray_rows(window: list[dict], facts: Facts) -> dict[str, dict]:
+    """Ray's session: its logs/ by rotation (`soak_logs.logs_row`), each large log file under the rotation size,
+    and the session other than its logs (sockets, runtime resources) no higher late than early."""
+    logs = logs_row(window, facts.ray_rotation_bytes, facts.ray_rotation_backups)
+    logs["bound"] = facts.bounds.get("ray:logs/")
+    rows = {"logs/": logs}
+    for name, row in file_rows(window, facts, "ray").items():
+        if name.startswith("logs/") and name != "logs/":  # a large log file: under the rotation size
+            rows[name] = {**row, "bound": f"rotated at {facts.ray_rotation_bytes / (1 << 20):g} MiB"
+                          if facts.ray_rotation_bytes else None}
+    ts, steps, rest = series(window, lambda s: s["ray"]["session/"] - s["ray"]["logs/"])
+    if len(rest) >= 3:
+        session = bounded(rest)
+        session.update(kind="bounded", bound=facts.bounds.get("ray:session/"),
+                       per_hour=growth(ts, steps, rest, None)["per_hour"] if len(set(ts)) >= 3 else None)
+        rows["session/"] = session
+    return rows
 
 
 def control_rows(window: list[dict]) -> dict[str, dict]:
@@ -245,7 +272,7 @@ def build_report(samples: list[dict], facts: Facts, run: dict, warmup_s: float |
     report["processes"], report["processes_changed"] = processes(window)
     report["redis"] = redis_rows(window, facts, pace)
     report["files"] = file_rows(window, facts, "files")
-    report["ray"] = file_rows(window, facts, "ray")
+    report["ray"] = ray_rows(window, facts)
     report["control"] = control_rows(window)
     verdicts = [r["verdict"] for r in report["processes"]]
     redis = report["redis"]
@@ -260,6 +287,6 @@ def build_report(samples: list[dict], facts: Facts, run: dict, warmup_s: float |
         report["notes"].append(f"{len(run['leftover_processes'])} processes outlived the run")
     if report["processes_changed"]:
         report["notes"].append("processes that came or went after warm-up: " + ", ".join(report["processes_changed"]))
-    report["passed"] = (run.get("ended") == "finished" and not any(v in ("grows", "over bound") for v in verdicts)
+    report["passed"] = (run.get("ended") == "finished" and not any(v in FAILING for v in verdicts)
                         and not traffic.get("unexpected") and not run.get("leftover_processes"))
     return report

@@ -96,10 +96,28 @@ def _redis(report: dict) -> list[str]:
     return lines
 
 
+def _logs(name: str, row: dict) -> str:
+    """Ray's logs/: the logs early and late, the largest file, the bound rotation sets, the growth an hour."""
+    if "logs" not in row:
+        return f"  {name:<36}{'-':>10}  {row['note']}: {row['verdict']}"
+    rotation, backups = row.get("rotation_bytes"), row.get("rotation_backups")
+    if "bound_bytes" in row:
+        bound = (f"{row['logs']} logs, each at most {backups + 1} x {rotation / (1 << 20):g} MiB: at most "
+                 f"{size(row['bound_bytes'])}")
+    else:
+        bound = f"{row['logs']} logs, rotation unknown"
+    note = f"; {row['note']}" if row.get("note") and row["verdict"] != "bounded" else ""
+    return (f"  {name:<36}{size(row['end']):>10}  logs: early max {row['logs_early_max']}, late "
+            f"{row['logs_late_max']}; largest file {size(row['largest_file'])} ({row['largest_path']}), most backups "
+            f"{row['most_backups']}; grows {interval(row.get('per_hour'))} an hour{note}; {row['verdict']}: {bound}")
+
+
 def _files(report: dict, part: str, title: str) -> list[str]:
     lines = [title]
     for name, row in report.get(part, {}).items():
-        if row["kind"] == "per step":
+        if row["kind"] == "logs":
+            lines.append(_logs(name, row))
+        elif row["kind"] == "per step":
             per_k = row.get("per_1000_steps")
             per_step = f"{per_k[0] / 1000:,.0f} bytes a step [{per_k[1] / 1000:,.0f}, {per_k[2] / 1000:,.0f}]" \
                 if per_k else "-"
@@ -108,6 +126,7 @@ def _files(report: dict, part: str, title: str) -> list[str]:
                          f"{size(row['per_72h'][0])}")
         else:
             unit = "entries" if name.endswith("#") else "bytes"  # checkpoints/#: how many complete checkpoints
+            name = "session/ other than logs/" if (part, name) == ("ray", "session/") else name
             bound = f"; bound: {row['bound']}" if row.get("bound") else ""
             lines.append(f"  {name:<36}{size(row['end'], unit):>10}  max {size(row['max'], unit)} (early "
                          f"{size(row['early_max'], unit)}, late {size(row['late_max'], unit)}){bound}: {row['verdict']}")

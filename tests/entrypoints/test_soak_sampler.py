@@ -88,8 +88,11 @@ def test_roles_and_the_ray_session_from_titles(tmp_path):
     assert session == tmp_path / "session_1"
     (session / "logs").mkdir(parents=True)
     (session / "logs" / "raylet.out").write_bytes(b"y" * 300)
+    (session / "logs" / "old").mkdir()  # a dead worker's output, moved there by Ray's log monitor
+    (session / "logs" / "old" / "worker-ab-01000000-6530.out").write_bytes(b"z" * 20)
     (session / "sockets").mkdir()
-    assert session_files(session) == {"session/": 300, "logs/": 300, "logs/raylet.out": 300}
+    assert session_files(session) == {"session/": 320, "logs/": 320, "logs/raylet.out": 300,
+                                      "logs/old/worker-ab-01000000-6530.out": 20}
     assert run_dir_files(tmp_path / "missing") == {}
 
 
@@ -113,3 +116,18 @@ def test_the_run_redis_is_sampled_with_its_connections_by_client_name(tmp_path):
         finally:
             for client in held:
                 client.close()
+
+
+def test_the_report_facts_carry_rays_log_rotation(monkeypatch):
+    from actors.runtime import RAY_LIMITS
+    from entrypoints.soak.bounds import facts_of
+    from pcl.config import load_config
+
+    cfg = load_config(str(REPO / "configs" / "soak.yaml"))
+    monkeypatch.delenv("RAY_ROTATION_MAX_BYTES", raising=False)
+    monkeypatch.delenv("RAY_ROTATION_BACKUP_COUNT", raising=False)
+    facts = facts_of(cfg)
+    assert facts.ray_rotation_bytes == int(RAY_LIMITS["RAY_ROTATION_MAX_BYTES"]) == 64 << 20
+    assert facts.ray_rotation_backups == int(RAY_LIMITS["RAY_ROTATION_BACKUP_COUNT"]) == 2
+    monkeypatch.setenv("RAY_ROTATION_BACKUP_COUNT", "5")  # a value already in the environment wins, as in Ray
+    assert facts_of(cfg).ray_rotation_backups == 5

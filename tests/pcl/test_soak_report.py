@@ -16,7 +16,7 @@ from pcl.tools.soak_text import format_report
 
 MB = 1e6
 FACTS = Facts(m=64, n=8, checkpoint_every=200, checkpoint_keep=2, history_cap=50_000, events_cap=10_000,
-              bounds={"checkpoints/": "checkpoint.keep=2"})
+              bounds={"checkpoints/": "checkpoint.keep=2"}, ray_rotation_bytes=64 << 20, ray_rotation_backups=2)
 
 
 def test_t_quantiles_match_the_table():
@@ -76,7 +76,8 @@ def _samples(hours: float = 3.0, every_s: float = 60.0, leak_mb_per_h: float = 0
             "files": {"metrics.jsonl": 1300 * step, "redis/appendonly.aof": int(20 * MB + (t % 900) * 0.1 * MB),
                       "checkpoints/": int(35 * MB * (1 + (step // 200 > 0) + (step % 200 > 100))),
                       "checkpoints/#": 2},
-            "ray": {"session/": int(5 * MB), "logs/": int(4 * MB)},
+            "ray": {"session/": int(5 * MB), "logs/": int(4 * MB), "logs/raylet.out": int(3 * MB),
+                    "logs/gcs_server.out": int(1 * MB)},
             "control": {"/v1/history?limit=1000": [1_500_000, 0.2], "/metrics": [20_000, 0.02]},
         })
     return out
