@@ -232,10 +232,6 @@ def logged_records(run_dir: Path) -> list[dict]:
     return read_metrics(run_dir / METRICS_FILE) if (run_dir / METRICS_FILE).exists() else []
 
 
-def steps_logged(run_dir: Path) -> int:
-    return len(logged_records(run_dir))
-
-
 def control_snapshot(checkpoint: Path | None) -> dict | None:
     """The control state kept with `checkpoint` (control.json), if any."""
     if checkpoint is not None and (checkpoint / "control.json").is_file():
@@ -374,12 +370,13 @@ def run_training(cfg: Config, run_dir: str | None = None, resume: str | None = N
                     print(f"pcl: restart {restarts} kept {len(survivors)} actors, started again: "
                           f"{', '.join(started_again[-1])}", flush=True)
                 start_from(cfg, prep.run_dir, fleet, checkpoint)
-                trackers.catch_up(logged_records(prep.run_dir))  # a record the last driver wrote and never sent
+                logged = logged_records(prep.run_dir)  # read once: the trackers catch up, the follower skips them
+                trackers.catch_up(logged)  # a record the last driver wrote and never sent
                 print(f"pcl: actors up in {time.perf_counter() - started:.1f}s; {training_plan(cfg)}", flush=True)
                 events.end(starting)
                 starting = None
                 summary = follow(fleet.coordinator.run.remote(), prep.run_dir, cfg.run.steps, stream=console,
-                                 seen=steps_logged(prep.run_dir), on_record=trackers.commit,
+                                 seen=len(logged), on_record=trackers.commit,
                                  on_poll=lambda: (keep_redis(), trackers.relay(control.store)))
                 break
             except Exception as exc:
