@@ -114,16 +114,17 @@ class Placement:
         self.groups = {}
 
 
+def _nodes() -> tuple[list[dict], int]:
+    """Each live node's resources, and how many nodes the head declared dead: lost, restarting, or cut off from the
+    head for a while. One may join again (as a new node, with the resources it had); Ray keeps no record of a dead
+    node's resources."""
+    table = ray.nodes()
+    return [n.get("Resources", {}) for n in table if n.get("Alive")], sum(1 for n in table if not n.get("Alive"))
+
+
 def _cluster() -> tuple[dict, list[dict]]:
     """The cluster's total resources and each live node's."""
-    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    return ray.cluster_resources(), nodes
-
-
-def _nodes_away() -> int:
-    """Nodes the head declared dead: lost, restarting, or cut off from the head for a while. One may join again (as
-    a new node, with the resources it had); Ray keeps no record of a dead node's resources."""
-    return sum(1 for n in ray.nodes() if not n.get("Alive"))
+    return ray.cluster_resources(), _nodes()[0]
 
 
 def _refusal(group: RoleGroup, why: str) -> PlacementError:
@@ -160,8 +161,7 @@ def reserve_placement(cfg: Config, timeout_s: float | None = None) -> Placement:
     timeout_s = cfg.ray.placement_timeout_s if timeout_s is None else timeout_s
     placement = Placement({})
     try:
-        _, nodes = _cluster()
-        gone = _nodes_away()
+        nodes, gone = _nodes()
         plan = placement_plan(cfg)
         away = set()
         for group in plan:
