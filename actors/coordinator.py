@@ -17,7 +17,7 @@ from typing import Any
 
 import ray
 
-from actors.handles import FleetHandles
+from actors.handles import ActorHealth, FleetHandles
 from actors.runtime import heartbeat
 from actors.stragglers import FleetRepair
 from actors.ports import ActorScorer, FleetLearner, SamplerPrompts, StreamRollouts, state_bytes_estimate
@@ -46,7 +46,8 @@ class Coordinator:
         scorer = ActorScorer(fleet.scorer, timeout_s) if fleet.scorer is not None else None
         strategy = make_strategy(cfg.selection, cfg.run.m, cfg.run.seed, n=cfg.run.n)
         loop = StepLoop(cfg, strategy, SamplerPrompts(fleet.sampler, timeout_s), scorer, rollouts, learner, run_dir)
-        control = RunControl.for_coordinator(cfg, fleet.redis_url, fleet.health)  # pause, tau / k, status, health
+        health = ActorHealth(fleet.named)  # each actor's word in the status, looked at after every step
+        control = RunControl.for_coordinator(cfg, fleet.redis_url, health)  # pause, tau / k, status, health
         self.training = TrainingRun(cfg, run_dir, loop, Evaluation(cfg, rollouts, run_dir, eval_prompts, suite),
                                     control, state_bytes=state_bytes_estimate(fleet), keep_files=(TRACKERS_FILE,))
 

@@ -45,7 +45,7 @@ class RunControl:
         heartbeat_ttl_s: float = HEARTBEAT_TTL_S,
     ):
         """health(): each actor's state by name ('ok', 'stopped', 'unresponsive', 'dead'), published with the
-        status after each step; the actor layer provides it (`actors.handles.FleetHandles.health`)."""
+        status after each step; the actor layer provides it (`actors.handles.ActorHealth`)."""
         self.store, self.health, self.poll_s = store, health, poll_s
         self.status: dict[str, Any] = {
             "run": store.run,
