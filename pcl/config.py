@@ -4,7 +4,7 @@
 
 Every section rejects unknown keys (`extra="forbid"`) and reads types strictly (a bool is no count, a quoted number
 no number; files and `key=value` values are read as YAML, so `run.m=64` is an int), every number carries its
-allowed range, URLs are checked by scheme (`pcl.config_urls`), and the selection strategy is a discriminated union
+allowed range, URLs are checked by scheme (`pcl.config_service`), and the selection strategy is a discriminated union
 on `type`. Errors come out as `ConfigError` with one line per
 problem naming the dotted key, the file it came from and the allowed values, before any actor starts.
 The sections themselves are in `pcl.config_schema`; every name there is importable from here.
