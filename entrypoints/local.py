@@ -151,7 +151,7 @@ class LocalPlane:
 
 class Reported:
     """The run's control port, which also prints each logged record's line and sends the record to the trackers:
-    what a fleet's driver does as it follows metrics.jsonl (`entrypoints.train.follow`)."""
+    what a fleet's driver does as it follows metrics.jsonl (`entrypoints.follow.follow`)."""
 
     def __init__(self, control, trackers, store, cfg: Config, stream=None):
         self.control, self.trackers, self.store, self.cfg, self.stream = control, trackers, store, cfg, stream

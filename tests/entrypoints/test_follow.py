@@ -1,4 +1,4 @@
-"""The driver's follow loop (`entrypoints.train.follow`) over a long run: each second it prints the step records the
+"""The driver's follow loop (`entrypoints.follow.follow`) over a long run: each second it prints the step records the
 coordinator appended since its last look, and its work per second must not grow with the run's length. A run of
 20,000 steps already in metrics.jsonl, followed for a few polls against a real Ray task: after its first look, the
 bytes this process reads (Linux /proc/self/io, rchar) over the next polls stay well under one reading of the file.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from entrypoints.train import follow
+from entrypoints.follow import follow
 
 pytestmark = pytest.mark.ray
 
