@@ -157,7 +157,7 @@ class Reported:
         self.control, self.trackers, self.store, self.cfg, self.stream = control, trackers, store, cfg, stream
 
     def publish(self, record, policy_version: int) -> None:
-        from entrypoints.train import record_line
+        from entrypoints.follow import record_line
 
         self.control.publish(record, policy_version)
         line = record_line(record.to_dict(), self.cfg.run.steps)
